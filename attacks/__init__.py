@@ -1,0 +1,66 @@
+"""The attacker: sees only what an honest-but-curious server sees.
+
+Nothing here imports the simulated world (``clients``, ``fl_sim``): inputs are the layer's
+weights as the server sent them, the client's update turned into a gradient, and whatever the
+client declared.
+"""
+
+from __future__ import annotations
+
+from attacks.errors import AttackInputError
+from attacks.result import Reconstruction
+from attacks.spearpp import PRESETS, SpearConfig, paper_config, run_spearpp
+from attacks.spearpp.inputs import ArrayLike, observe_layer, resolve_device
+
+
+def reconstruct(
+    grad_weight: ArrayLike,
+    grad_bias: ArrayLike,
+    weight: ArrayLike,
+    bias: ArrayLike,
+    *,
+    batch_size: int | None = None,
+    noise_std: float | None = None,
+    config: SpearConfig | None = None,
+) -> Reconstruction:
+    """Reconstruct a client's batch from the gradient of a linear layer followed by ReLU.
+
+    Parameters
+    ----------
+    grad_weight, grad_bias
+        Gradient of the layer's weight (m x n) and bias (m); for a multi-step update, the weight
+        change divided by -lr.
+    weight, bias
+        The layer's weight and bias as the server sent them.
+    batch_size
+        The batch size, if the attacker knows it; estimated from the gradient's rank otherwise.
+    noise_std
+        Per-entry std of noise added to the gradient (DP-SGD: sigma * C / batch size), if known;
+        zero tolerances then follow it.
+    config
+        Search settings; the default is :class:`SpearConfig` ().
+
+    Returns
+    -------
+    Reconstruction
+        ``inputs`` (B_hat x n, the layer's input space), ``batch_size``, ``status``, ``timings``
+        and the rest.
+
+    Raises
+    ------
+    AttackInputError
+        For inputs that cannot be attacked as given (the message names which and why).
+    """
+    config = config or SpearConfig()
+    obs = observe_layer(grad_weight, grad_bias, weight, bias, resolve_device(config.device))
+    return run_spearpp(obs, batch_size=batch_size, noise_std=noise_std, config=config)
+
+
+__all__ = [
+    "PRESETS",
+    "AttackInputError",
+    "Reconstruction",
+    "SpearConfig",
+    "paper_config",
+    "reconstruct",
+]

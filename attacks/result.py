@@ -1,0 +1,63 @@
+"""What an attack returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+Status = Literal["exact", "partial", "failed"]
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """One reconstructed batch and how it was obtained.
+
+    Attributes
+    ----------
+    inputs
+        B_hat x n reconstruction in the layer's input space (float64, CPU).
+    batch_size
+        B_hat.
+    batch_size_method
+        How B_hat was found: ``declared``, ``float-rank``, ``noise-edge`` or ``spectral-gap``.
+    status
+        ``exact`` when every one of the B_hat columns was verified (under noise: verified at the
+        noise level), ``partial`` when some were and the rest completed, ``failed`` when none was.
+    confidence
+        Per reconstructed sample, the sparsity matching coefficient in [0, 1] (1: the sample's
+        inactive neurons are exactly the zeros of its gradient).
+    verified
+        Per reconstructed sample, whether its column was certified.
+    timings
+        Seconds per stage (``factorise``, ``search``, ``refine``, ``select``, ``solve``, ``total``).
+    counts
+        ``starts``, ``passes``, ``candidates`` (directions proposed), ``unique`` (distinct
+        verified columns), ``selected``.
+    settings
+        The configuration used, plus the device and what the attacker was told.
+    """
+
+    inputs: torch.Tensor
+    batch_size: int
+    batch_size_method: str
+    status: Status
+    confidence: torch.Tensor
+    verified: torch.Tensor
+    timings: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the inputs, as JSON-ready values."""
+        return {
+            "batch_size": self.batch_size,
+            "batch_size_method": self.batch_size_method,
+            "status": self.status,
+            "verified": int(self.verified.sum()),
+            "confidence_mean": float(self.confidence.mean()) if self.batch_size else 0.0,
+            "timings": dict(self.timings),
+            "counts": dict(self.counts),
+            "settings": dict(self.settings),
+        }

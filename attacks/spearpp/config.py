@@ -1,0 +1,155 @@
+"""Settings of the SPEAR++ engine: one immutable object, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Surrogate = Literal["l1", "logcosh", "l4"]
+Optimiser = Literal["radam", "pgd"]
+Refinement = Literal["kernel", "sampling", "none"]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "surrogate": ("l1", "logcosh", "l4"),
+    "optimiser": ("radam", "pgd"),
+    "refine": ("kernel", "sampling", "none"),
+    "search_dtype": ("float32", "float64"),
+}
+
+
+@dataclass(frozen=True)
+class SpearConfig:
+    """How SPEAR++ searches, refines and selects.
+
+    Parameters
+    ----------
+    surrogate
+        Sparsity surrogate minimised over the sphere: ``l1``, ``logcosh`` or ``l4`` (that is -l4).
+    optimiser
+        ``radam`` (geoopt's Riemannian Adam) or ``pgd`` (projected gradient descent).
+    starts
+        Random starts per pass; each pass is one batched search.
+    steps
+        Optimiser steps per pass.
+    lr, lr_final
+        Learning rate at the first and the last step (geometric decay in between).
+    max_passes
+        Passes of fresh starts, run until every column is found or this many have run.
+    time_budget_s
+        Stop starting passes once this many seconds have gone (``None``: no limit).
+    refine
+        How a converged start becomes an exact direction: ``kernel`` (the null direction of its
+        smallest rows, checked to be one column and not a mix), ``sampling`` (the paper's rounding:
+        kernels of random row subsets), or ``none`` (keep the optimiser's point, as the paper does
+        for l1).
+    rounding_samples
+        Row subsets tried per candidate by ``sampling``.
+    logcosh_mu
+        Smoothing of LogCosh, relative to the typical entry 1/sqrt(m) of a unit direction.
+    harvest_every
+        Every this many steps, converged starts are refined and removed, and starts that head
+        for an already found column are dropped (0: only at the end of a pass, as in the paper).
+    drop_cosine
+        A start whose direction has at least this |cosine| with a found column is dropped.
+    zero_tol
+        Relative tolerance under which an entry of L q counts as zero (``None``: from the float
+        precision, or from ``noise_std`` when one is given).
+    split_mixtures
+        Split candidates whose zero set is shared by a few columns into those columns.
+    deflate
+        After each pass that left columns missing, run convex l1 searches on hyperplanes that
+        exclude the found columns (beyond the paper).
+    search_dtype
+        Precision of the search; refinement, scaling and the solve are always float64.
+    device
+        ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+    max_elements
+        Bound on starts x m per batched product, so memory stays bounded.
+    selection_sweeps
+        Greedy swap sweeps of the sparsity-matching selection when more candidates than B exist.
+    seed
+        Seed of every random draw; equal seeds give equal results on the same device.
+    """
+
+    surrogate: Surrogate = "l1"
+    optimiser: Optimiser = "radam"
+    starts: int = 2000
+    steps: int = 1000
+    lr: float = 0.1
+    lr_final: float = 0.001
+    max_passes: int = 8
+    time_budget_s: float | None = None
+    refine: Refinement = "kernel"
+    rounding_samples: int = 50
+    logcosh_mu: float = 0.02
+    harvest_every: int = 100
+    drop_cosine: float = 0.995
+    zero_tol: float | None = None
+    split_mixtures: bool = True
+    deflate: bool = True
+    search_dtype: Literal["float32", "float64"] = "float32"
+    device: str = "auto"
+    max_elements: int = 16_000_000
+    selection_sweeps: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"SpearConfig.{name}={value!r}: allowed are {', '.join(allowed)}")
+        for name in ("starts", "steps", "max_passes", "rounding_samples", "max_elements"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"SpearConfig.{name}={getattr(self, name)!r}: must be >= 1")
+        for name in ("harvest_every", "selection_sweeps"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"SpearConfig.{name}={getattr(self, name)!r}: must be >= 0")
+        if not 0 < self.lr_final <= self.lr:
+            raise ValueError(
+                f"SpearConfig.lr={self.lr!r}, lr_final={self.lr_final!r}: need 0 < lr_final <= lr"
+            )
+        if not 0 < self.drop_cosine <= 1:
+            raise ValueError(f"SpearConfig.drop_cosine={self.drop_cosine!r}: must be in (0, 1]")
+        if self.zero_tol is not None and not 0 < self.zero_tol < 1:
+            raise ValueError(f"SpearConfig.zero_tol={self.zero_tol!r}: must be in (0, 1)")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ValueError(f"SpearConfig.time_budget_s={self.time_budget_s!r}: must be > 0")
+        if self.logcosh_mu <= 0:
+            raise ValueError(f"SpearConfig.logcosh_mu={self.logcosh_mu!r}: must be > 0")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(
+                f"SpearConfig.device={self.device!r}: allowed are auto, cpu, cuda, cuda:N"
+            )
+
+    def replace(self, **changes: Any) -> SpearConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings as plain values, for results and logs."""
+        return dataclasses.asdict(self)
+
+
+def paper_config(surrogate: Surrogate = "l1", optimiser: Optimiser = "radam") -> SpearConfig:
+    """The method as the SPEAR++ paper describes it.
+
+    One batched pass, candidates taken where the optimiser stopped (rounding via sampling for the
+    smooth surrogates), no harvesting during the search, no mixture splitting, float64 throughout.
+    """
+    return SpearConfig(
+        surrogate=surrogate,
+        optimiser=optimiser,
+        max_passes=1,
+        refine="none" if surrogate == "l1" else "sampling",
+        harvest_every=0,
+        split_mixtures=False,
+        deflate=False,
+        search_dtype="float64",
+    )
+
+
+PRESETS: dict[str, SpearConfig] = {
+    "fl-sim": SpearConfig(),
+    "paper": paper_config(),
+}

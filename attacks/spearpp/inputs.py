@@ -1,0 +1,117 @@
+"""Checking and converting what the server hands to the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attacks.errors import AttackInputError
+
+ArrayLike = torch.Tensor | np.ndarray
+# Relative size under which float64 entries of a rank-B product are round-off (measured residue
+# about 1e-14; real entries sit far above 1e-9).
+PRECISION_FLOOR = 1e-9
+
+
+@dataclass(frozen=True)
+class LayerObservation:
+    """What the server observed of one fully connected layer, as float64 tensors on one device.
+
+    Attributes
+    ----------
+    grad_weight
+        Gradient (or update turned into one) of the layer's weight, m x n.
+    grad_bias
+        Gradient of the layer's bias, m.
+    weight, bias
+        The layer's weight (m x n) and bias (m) as the server sent them.
+    precision
+        Relative round-off of the gradient as it arrived (float32 gradients carry ~1e-7 noise
+        that float64 arithmetic here cannot remove): the floor of every zero tolerance.
+    """
+
+    grad_weight: torch.Tensor
+    grad_bias: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor
+    precision: float
+
+    @property
+    def width(self) -> int:
+        """m, the number of neurons of the layer."""
+        return int(self.weight.shape[0])
+
+    @property
+    def input_dim(self) -> int:
+        """n, the dimension of the layer's input."""
+        return int(self.weight.shape[1])
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is CUDA when available, else the CPU; other names are taken as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AttackInputError(f"device={name!r} was asked for, but CUDA is not available here")
+    return device
+
+
+def _as_tensor(name: str, value: object) -> torch.Tensor:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if not isinstance(value, torch.Tensor):
+        raise AttackInputError(
+            f"{name} must be a torch tensor or a numpy array, got {type(value).__name__}"
+        )
+    if not (value.dtype.is_floating_point and not value.dtype.is_complex):
+        raise AttackInputError(f"{name} has dtype {value.dtype}: a real floating dtype is needed")
+    if not bool(torch.isfinite(value).all()):
+        bad = int((~torch.isfinite(value)).sum())
+        raise AttackInputError(f"{name} holds {bad} NaN or infinite entries")
+    return value
+
+
+def observe_layer(
+    grad_weight: ArrayLike,
+    grad_bias: ArrayLike,
+    weight: ArrayLike,
+    bias: ArrayLike,
+    device: torch.device,
+) -> LayerObservation:
+    """Validate the four arrays and move them to ``device`` as float64.
+
+    Raises
+    ------
+    AttackInputError
+        For a non-array, a non-float dtype, NaN or inf, tensors on different devices, shapes that
+        do not fit one m x n layer, or an all-zero gradient.
+    """
+    named = {
+        "grad_weight": _as_tensor("grad_weight", grad_weight),
+        "grad_bias": _as_tensor("grad_bias", grad_bias),
+        "weight": _as_tensor("weight", weight),
+        "bias": _as_tensor("bias", bias),
+    }
+    devices = {str(t.device) for t in named.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{k} on {t.device}" for k, t in named.items())
+        raise AttackInputError(f"inputs live on different devices ({where}): put them on one")
+    w, gw = named["weight"], named["grad_weight"]
+    if w.ndim != 2:
+        raise AttackInputError(f"weight must be 2-D (m x n), got shape {tuple(w.shape)}")
+    m, n = w.shape
+    expected = {"grad_weight": (m, n), "grad_bias": (m,), "bias": (m,)}
+    for key, shape in expected.items():
+        if tuple(named[key].shape) != shape:
+            raise AttackInputError(
+                f"{key} has shape {tuple(named[key].shape)}, but weight is {m} x {n}, "
+                f"so {key} must have shape {shape}"
+            )
+    if not bool(gw.any()):
+        raise AttackInputError("grad_weight is all zeros: there is nothing to reconstruct from")
+    moved = {k: t.to(device=device, dtype=torch.float64) for k, t in named.items()}
+    precision = max(PRECISION_FLOOR, 100 * torch.finfo(gw.dtype).eps)
+    return LayerObservation(**moved, precision=precision)

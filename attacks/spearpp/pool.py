@@ -1,0 +1,79 @@
+"""Step 4: the pool of distinct verified columns, and the best unverified spares."""
+
+from __future__ import annotations
+
+import torch
+
+from attacks.spearpp.refine import SAME_COLUMN_COSINE, Candidates
+
+
+class ColumnPool:
+    """Distinct columns of Q found so far (unit vectors, up to sign).
+
+    Parameters
+    ----------
+    dim
+        B, the length of each column.
+    device
+        Where the columns live.
+    spares
+        How many unverified candidates to keep for completing a short basis.
+    """
+
+    def __init__(self, dim: int, device: torch.device, spares: int) -> None:
+        self.columns = torch.zeros(0, dim, dtype=torch.float64, device=device)
+        self.zeros = torch.zeros(0, dtype=torch.long, device=device)
+        self._spares = Candidates.empty(dim, device)
+        self._spare_cap = spares
+
+    def __len__(self) -> int:
+        return int(self.columns.shape[0])
+
+    def add(self, cands: Candidates) -> int:
+        """Add the verified candidates that are new; keep the best unverified as spares.
+
+        Returns the number of new columns.
+        """
+        before = len(self)
+        ok = cands.verified
+        for q, z in zip(cands.directions[ok], cands.zeros[ok], strict=True):
+            if not self._near(q[None], self.columns).any():
+                self.columns = torch.cat([self.columns, q[None]])
+                self.zeros = torch.cat([self.zeros, z[None]])
+        spare = ~cands.verified & ~cands.mixed
+        if spare.any():
+            merged = Candidates.concat(
+                [self._spares, _subset(cands, spare)], self.columns.shape[1], self.columns.device
+            )
+            order = merged.zeros.argsort(descending=True)[: self._spare_cap]
+            self._spares = _subset(merged, order)
+        return len(self) - before
+
+    def near_found(self, points: torch.Tensor, cosine: float) -> torch.Tensor:
+        """Mask of ``points`` (any scale) within ``cosine`` of a found column."""
+        return self._near(points.to(torch.float64), self.columns, cosine)
+
+    def spares(self) -> torch.Tensor:
+        """Unverified candidates, most zeros first, distinct from the columns and each other."""
+        kept = torch.zeros(
+            0, self.columns.shape[1], dtype=torch.float64, device=self.columns.device
+        )
+        for q in self._spares.directions:
+            if not self._near(q[None], torch.cat([self.columns, kept])).any():
+                kept = torch.cat([kept, q[None]])
+        return kept
+
+    @staticmethod
+    def _near(
+        points: torch.Tensor, columns: torch.Tensor, cosine: float = SAME_COLUMN_COSINE
+    ) -> torch.Tensor:
+        if columns.shape[0] == 0:
+            return torch.zeros(points.shape[0], dtype=torch.bool, device=points.device)
+        unit = torch.nn.functional.normalize(points, dim=1)
+        return torch.ge((unit @ columns.T).abs().amax(dim=1), cosine)
+
+
+def _subset(cands: Candidates, index: torch.Tensor) -> Candidates:
+    return Candidates(
+        cands.directions[index], cands.zeros[index], cands.verified[index], cands.mixed[index]
+    )

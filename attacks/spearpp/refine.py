@@ -1,0 +1,322 @@
+"""Steps 3-4: turning points where the search stopped into verified columns of Q.
+
+A true column q_i makes L q_i the gradient of one sample at the layer's output, exactly zero on
+the neurons that sample leaves inactive (about half). Exactness is therefore checkable: the
+smallest rows of L q_i, more of them than B - 1, must have a common null direction. A point
+whose small rows have a null space of dimension k > 1 sits on a face shared by k columns (a mix);
+it is split by sampling inside that small null space.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# Number of a candidate's smallest rows used to pin its direction: B - 1 pin it, the rest
+# over-determine it, so a wrong direction cannot pass by chance.
+_EXTRA_ROWS_SHARE = 0.25
+_EXTRA_ROWS_MIN = 4
+# The noise floor of an entry of L q is (noise std) x ||S^-1 q||; zeros are taken within this many.
+_NOISE_SIGMAS = 3.0
+_CHUNK = 256
+# Two verified directions this close (|cosine|) are the same column found twice.
+SAME_COLUMN_COSINE = 0.999
+_MAX_MIX = 4
+_SPLIT_DRAWS = 8
+# Mixes split per call: the rest are dropped (they recur if they matter).
+_SPLIT_MAX = 32
+
+
+def pin_rows(batch_size: int) -> int:
+    """Rows whose common null direction pins and certifies one column."""
+    extra = max(_EXTRA_ROWS_MIN, math.ceil(_EXTRA_ROWS_SHARE * (batch_size - 1)))
+    return batch_size - 1 + extra
+
+
+@dataclass(frozen=True)
+class ZeroRule:
+    """When an entry of L q counts as zero.
+
+    Attributes
+    ----------
+    relative
+        Floor relative to max |L q|: the gradient's round-off, or the user's ``zero_tol``.
+    noise_std
+        Per-entry std of noise added to the gradient (0 when none was declared).
+    inverse_singular
+        1 / S of the factorisation, mapping a direction to the size of its noise.
+    """
+
+    relative: float
+    noise_std: float
+    inverse_singular: torch.Tensor
+
+    def tolerance(self, q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Absolute zero tolerance per row of ``q`` (c x B) with ``y = q L^T`` (c x m)."""
+        tol = self.relative * y.abs().amax(dim=1)
+        if self.noise_std:
+            noise = _NOISE_SIGMAS * self.noise_std * (q * self.inverse_singular).norm(dim=1)
+            tol = torch.maximum(tol, noise)
+        return tol
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Directions proposed as columns of Q, each with how well it was verified.
+
+    Attributes
+    ----------
+    directions
+        c x B unit vectors, sign fixed so the largest entry is positive.
+    zeros
+        Number of zero entries of L q under the zero rule.
+    verified
+        True where the direction is certified as one column.
+    mixed
+        True where the direction's zero set is shared by several columns (null space > 1).
+    """
+
+    directions: torch.Tensor
+    zeros: torch.Tensor
+    verified: torch.Tensor
+    mixed: torch.Tensor
+
+    @staticmethod
+    def empty(dim: int, device: torch.device) -> Candidates:
+        """No candidates."""
+        none = torch.zeros(0, dtype=torch.bool, device=device)
+        return Candidates(
+            torch.zeros(0, dim, dtype=torch.float64, device=device),
+            torch.zeros(0, dtype=torch.long, device=device),
+            none,
+            none,
+        )
+
+    @staticmethod
+    def concat(parts: list[Candidates], dim: int, device: torch.device) -> Candidates:
+        """All candidates of ``parts`` in order."""
+        if not parts:
+            return Candidates.empty(dim, device)
+        return Candidates(
+            torch.cat([p.directions for p in parts]),
+            torch.cat([p.zeros for p in parts]),
+            torch.cat([p.verified for p in parts]),
+            torch.cat([p.mixed for p in parts]),
+        )
+
+
+def canonical_sign(q: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to unit norm with their largest-magnitude entry positive."""
+    q = q / q.norm(dim=1, keepdim=True)
+    pivot = q.gather(1, q.abs().argmax(dim=1, keepdim=True))
+    return q * torch.sign(pivot)
+
+
+def _count_zeros(left: torch.Tensor, q: torch.Tensor, rule: ZeroRule) -> torch.Tensor:
+    y = q @ left.T
+    return (y.abs() <= rule.tolerance(q, y)[:, None]).sum(dim=1)
+
+
+# A row whose leverage in the zero set's row space is this close to 1 is essential: without it
+# the null space grows, so the direction is a mix pinned by an accidental cancellation.
+_ESSENTIAL_LEVERAGE = 1 - 1e-6
+# Eigenvalues of a zero set's Gram matrix below this share of the largest are null.
+_NULL_EIGEN = 1e-12
+_CERTIFY_ELEMENTS = 20_000_000
+
+
+def _null_threshold(
+    gram_eigs: torch.Tensor, entry_tol: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Eigenvalue under which a zero set's Gram matrix is null: round-off or the noise floor."""
+    return torch.maximum(_NULL_EIGEN * gram_eigs[:, -1], 4 * entry_tol.square() * rows)
+
+
+def _certify(
+    left: torch.Tensor, v: torch.Tensor, zero: torch.Tensor, entry_tol: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """Is each unit ``v`` exactly one column? Returns that mask and, for mixes, a null basis.
+
+    A column's zero set S_i (about m/2 rows) spans B - 1 dimensions robustly. A mix of k columns
+    is zero on their shared zero set, whose rows span only B - k dimensions, plus k - 1 rows where
+    the columns happen to cancel: those rows are essential (leverage 1). So v is one column iff
+    its zero set has a 1-D null space with no essential row.
+    """
+    c, b = v.shape
+    proj = torch.eye(b, dtype=v.dtype, device=v.device) - v[:, :, None] * v[:, None, :]
+    rows_on = left[None] * zero[:, :, None]  # c x m x B, rows outside the zero set cleared
+    y = rows_on @ proj
+    eigs, vecs = torch.linalg.eigh(y.transpose(1, 2) @ y)  # ascending; eigs[:, 0] is v's
+    thr = _null_threshold(eigs, entry_tol, zero.sum(dim=1))
+    second_null = eigs[:, 1] <= thr
+    safe = torch.where(eigs[:, 1:] > thr[:, None], eigs[:, 1:], torch.inf)
+    leverage = ((y @ vecs[:, :, 1:]).square() / safe[:, None, :]).sum(dim=2)
+    essential = (leverage > _ESSENTIAL_LEVERAGE) & zero
+    one_column = ~second_null & ~essential.any(dim=1)
+    bases: list[torch.Tensor | None] = []
+    for i in range(c):
+        if one_column[i]:
+            bases.append(None)
+            continue
+        keep = zero[i] & ~essential[i]
+        sub = left[keep]
+        e, vec = torch.linalg.eigh(sub.T @ sub)
+        k = int((e <= _null_threshold(e[None], entry_tol[i : i + 1], keep.sum()[None])).sum())
+        bases.append(vec[:, :k] if 2 <= k <= _MAX_MIX else None)
+    return one_column, bases
+
+
+def novel(directions: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """Mask of unit ``directions`` that are neither near a ``known`` column nor an earlier row."""
+    near_known = torch.zeros(directions.shape[0], dtype=torch.bool, device=directions.device)
+    if known.shape[0]:
+        near_known = (directions @ known.T).abs().amax(dim=1) >= SAME_COLUMN_COSINE
+    same = (directions @ directions.T).abs() >= SAME_COLUMN_COSINE
+    return ~near_known & ~torch.tril(same, diagonal=-1).any(dim=1)
+
+
+def refine_kernel(
+    left: torch.Tensor,
+    points: torch.Tensor,
+    rule: ZeroRule,
+    split: bool,
+    generator: torch.Generator,
+    known: torch.Tensor,
+) -> Candidates:
+    """Replace each point by the null direction of its smallest rows and certify the new ones.
+
+    Parameters
+    ----------
+    left
+        The m x B factor, float64.
+    points
+        c x B directions (any scale).
+    rule
+        The zero tolerance.
+    split
+        Split mixes of a few columns into those columns.
+    generator
+        Random row draws for the splitting.
+    known
+        Columns already found (unit rows): points that land on them are dropped uncertified,
+        since certification is the costly part.
+    """
+    m, b = left.shape
+    rows = min(pin_rows(b), m)
+    chunk = max(1, _CERTIFY_ELEMENTS // (m * b))
+    parts: list[Candidates] = []
+    for block in points.split(chunk):
+        y = block.to(torch.float64) @ left.T
+        idx = y.abs().argsort(dim=1)[:, :rows]
+        _, s, vh = torch.linalg.svd(left[idx], full_matrices=False)
+        v = canonical_sign(vh[:, -1, :])
+        keep = novel(v, known)
+        v, s = v[keep], s[keep]
+        yv = v @ left.T
+        entry_tol = rule.tolerance(v, yv)
+        pinned = s[:, -1] <= entry_tol * math.sqrt(rows)
+        zero = yv.abs() <= entry_tol[:, None]
+        zeros = zero.sum(dim=1)
+        one_column, bases = _certify(left, v, zero, entry_tol)
+        verified = pinned & one_column & (zeros >= rows)
+        mixed = pinned & ~one_column
+        parts.append(Candidates(v, zeros, verified, mixed))
+        if split:
+            found = [bases[i] for i in torch.nonzero(mixed).flatten().tolist()]
+            mixes = [x for x in found if x is not None][:_SPLIT_MAX]
+            parts.append(_split_mixes(left, mixes, rule, generator, known))
+    return Candidates.concat(parts, b, left.device)
+
+
+def _split_mixes(
+    left: torch.Tensor,
+    bases: list[torch.Tensor],
+    rule: ZeroRule,
+    generator: torch.Generator,
+    known: torch.Tensor,
+) -> Candidates:
+    """Columns hidden in the small null spaces of mixes.
+
+    Inside a k-dimensional null space N, each column q_i = N c_i is zero on rows outside the
+    shared zero set; k - 1 such rows pin c_i. Random row draws find them; certification follows.
+    """
+    proposals = []
+    for basis in bases:
+        k = basis.shape[1]
+        image = left @ basis  # m x k
+        norms = image.norm(dim=1)
+        outside = torch.nonzero(norms > 1e-6 * norms.max()).flatten()
+        if outside.numel() < k - 1:
+            continue
+        draws = torch.randint(0, outside.numel(), (_SPLIT_DRAWS, k - 1), generator=generator)
+        _, _, c_vh = torch.linalg.svd(image[outside[draws.to(outside.device)]], full_matrices=True)
+        proposals.append(c_vh[:, -1, :] @ basis.T)
+    if not proposals:
+        return Candidates.empty(left.shape[1], left.device)
+    return refine_kernel(left, torch.cat(proposals), rule, False, generator, known)
+
+
+def refine_sampling(
+    left: torch.Tensor,
+    points: torch.Tensor,
+    rule: ZeroRule,
+    samples: int,
+    generator: torch.Generator,
+    known: torch.Tensor,
+) -> Candidates:
+    """The paper's rounding: kernels of random (B - 1)-row subsets of each point's smallest rows.
+
+    Of ``samples`` draws per point the kernel with the most zeros goes on to the same
+    certification as :func:`refine_kernel` (so a mix never passes as a column).
+    """
+    m, b = left.shape
+    pool = min(m, 2 * (b - 1) if b > 1 else 1)
+    best: list[torch.Tensor] = []
+    for chunk in points.split(max(1, _CHUNK // samples)):
+        chunk = chunk.to(torch.float64)
+        idx = (chunk @ left.T).abs().argsort(dim=1)[:, :pool]  # c x pool
+        order = torch.rand(chunk.shape[0], samples, pool, generator=generator).argsort(dim=2)
+        rows = idx.gather(1, order[:, :, : b - 1].reshape(chunk.shape[0], -1).to(idx.device))
+        sub = left[rows].reshape(chunk.shape[0] * samples, b - 1, b)
+        _, _, vh = torch.linalg.svd(sub, full_matrices=True)
+        v = canonical_sign(vh[:, -1, :])
+        zeros = _count_zeros(left, v, rule).reshape(chunk.shape[0], samples)
+        pick = zeros.argmax(dim=1)
+        best.append(v.reshape(chunk.shape[0], samples, b)[torch.arange(chunk.shape[0]), pick])
+    if not best:
+        return Candidates.empty(b, left.device)
+    return refine_kernel(left, torch.cat(best), rule, False, generator, known)
+
+
+# The paper keeps an l1 point as a column when enough of L q is this small relative to its max.
+PAPER_SPARSE_TOL = 1e-3
+
+
+def refine_none(left: torch.Tensor, points: torch.Tensor) -> Candidates:
+    """Take points as they are (the paper's l1 path): accepted when at least ``pin_rows(B)``
+    entries of L q are below ``PAPER_SPARSE_TOL`` of the largest. This is the paper's filter,
+    not a certificate: the result's PSNR, not its status, tells whether it was exact."""
+    v = canonical_sign(points.to(torch.float64))
+    y = (v @ left.T).abs()
+    zeros = (y <= PAPER_SPARSE_TOL * y.amax(dim=1, keepdim=True)).sum(dim=1)
+    verified = zeros >= min(pin_rows(left.shape[1]), left.shape[0])
+    return Candidates(v, zeros, verified, torch.zeros_like(verified))
+
+
+# (left, points, rule, generator, known columns) -> candidates
+Refiner = Callable[
+    [torch.Tensor, torch.Tensor, ZeroRule, torch.Generator, torch.Tensor], Candidates
+]
+
+
+def refiner(name: str, rounding_samples: int, split: bool) -> Refiner:
+    """The refinement called ``name`` (``kernel``, ``sampling`` or ``none``)."""
+    table: dict[str, Refiner] = {
+        "kernel": lambda L, p, r, g, k: refine_kernel(L, p, r, split, g, k),
+        "sampling": lambda L, p, r, g, k: refine_sampling(L, p, r, rounding_samples, g, k),
+        "none": lambda L, p, r, g, k: refine_none(L, p),
+    }
+    return table[name]

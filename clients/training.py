@@ -1,0 +1,164 @@
+"""Local training by defence: ``fedsgd`` (one step), ``fedavg`` (E epochs of mini-batch SGD) and
+``dp`` (DP-SGD through Opacus, with fedavg's epochs and mini-batches).
+
+Each procedure trains a model in place and reports what the server will see in the update.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """A client's training settings.
+
+    Parameters
+    ----------
+    defence
+        ``fedsgd``, ``fedavg`` or ``dp``.
+    lr
+        Learning rate of local SGD.
+    epochs
+        Local epochs (``fedsgd``: 1).
+    mini_batch
+        Mini-batch size (``fedsgd``: the whole batch; ``None``: the whole batch).
+    clip
+        DP-SGD per-sample clip norm C.
+    noise_multiplier
+        DP-SGD noise multiplier sigma (noise std sigma * C on the summed gradient).
+    """
+
+    defence: str = "fedsgd"
+    lr: float = 0.01
+    epochs: int = 1
+    mini_batch: int | None = None
+    clip: float = 1.0
+    noise_multiplier: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.defence not in TRAINERS:
+            raise ValueError(f"defence={self.defence!r}: allowed are {', '.join(TRAINERS)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr!r}: must be > 0")
+        if self.epochs < 1:
+            raise ValueError(f"epochs={self.epochs!r}: must be >= 1")
+        if self.defence == "fedsgd" and (self.epochs != 1 or self.mini_batch is not None):
+            raise ValueError("defence='fedsgd' takes one full-batch step: no epochs or mini_batch")
+        if self.mini_batch is not None and self.mini_batch < 1:
+            raise ValueError(f"mini_batch={self.mini_batch!r}: must be >= 1")
+        if self.clip <= 0 or self.noise_multiplier < 0:
+            raise ValueError(
+                f"clip={self.clip!r}, noise_multiplier={self.noise_multiplier!r}: "
+                "need clip > 0 and noise_multiplier >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What local training did.
+
+    Attributes
+    ----------
+    steps
+        Optimiser steps taken.
+    loss
+        Mean training loss over the steps.
+    noise_std
+        Per-entry std of the noise in each step's averaged gradient (0 without DP).
+    """
+
+    steps: int
+    loss: float
+    noise_std: float
+
+
+Trainer = Callable[
+    [nn.Module, torch.Tensor, torch.Tensor, LocalTraining, torch.Generator], TrainResult
+]
+
+
+def _batches(n: int, size: int, epochs: int, generator: torch.Generator) -> list[torch.Tensor]:
+    out = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        out += list(order.split(size))
+    return out
+
+
+def _sgd(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: list[torch.Tensor],
+) -> float:
+    total = 0.0
+    for idx in batches:
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+    return total / len(batches)
+
+
+def train_fedsgd(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
+) -> TrainResult:
+    """One SGD step on the whole batch: the update is -lr times the batch gradient."""
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    loss = _sgd(model, opt, x, y, [torch.arange(len(x))])
+    return TrainResult(steps=1, loss=loss, noise_std=0.0)
+
+
+def train_fedavg(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
+) -> TrainResult:
+    """E epochs of SGD over shuffled mini-batches: E x ceil(B / b_mini) steps."""
+    batches = _batches(len(x), cfg.mini_batch or len(x), cfg.epochs, gen)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    return TrainResult(steps=len(batches), loss=_sgd(model, opt, x, y, batches), noise_std=0.0)
+
+
+def train_dp(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
+) -> TrainResult:
+    """DP-SGD (Opacus): per-sample clipping to C, Gaussian noise sigma * C on each step's sum,
+    averaged over the mini-batch; epochs and mini-batches as in ``fedavg``."""
+    size = cfg.mini_batch or len(x)
+    batches = _batches(len(x), size, cfg.epochs, gen)
+    private = GradSampleModule(model)
+    opt = DPOptimizer(
+        torch.optim.SGD(private.parameters(), lr=cfg.lr),
+        noise_multiplier=cfg.noise_multiplier,
+        max_grad_norm=cfg.clip,
+        expected_batch_size=size,
+        generator=gen,
+    )
+    loss = _sgd(private, opt, x, y, batches)
+    private._close()
+    return TrainResult(
+        steps=len(batches), loss=loss, noise_std=cfg.noise_multiplier * cfg.clip / size
+    )
+
+
+TRAINERS: dict[str, Trainer] = {"fedsgd": train_fedsgd, "fedavg": train_fedavg, "dp": train_dp}
+
+
+def train_locally(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
+) -> TrainResult:
+    """Train ``model`` in place on (x, y) with the procedure of ``cfg.defence``."""
+    if len(x) == 0:
+        raise ValueError("a client needs at least one sample to train on")
+    result = TRAINERS[cfg.defence](model, x, y, cfg, gen)
+    assert math.isfinite(result.loss)
+    return result

@@ -1,0 +1,1 @@
+"""fl-sim: the simulated federation, the judge (audit) and the user interface."""

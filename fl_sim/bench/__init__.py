@@ -1,0 +1,1 @@
+"""Benchmarks: speed and quality, apart from the tests, writing machine-readable results."""

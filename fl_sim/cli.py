@@ -1,0 +1,82 @@
+"""The ``fl-sim`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fl_sim.bench.attack import run_bench
+from fl_sim.bench.cases import PRESETS, AttackCase
+from fl_sim.data.cifar10 import load_cifar10
+
+
+def _bench_attack(args: argparse.Namespace) -> int:
+    cases: tuple[AttackCase, ...] = PRESETS[args.preset]
+    if args.only:
+        cases = tuple(c for c in cases if any(s in c.name for s in args.only))
+        if not cases:
+            raise SystemExit(f"--only {args.only}: no case of preset {args.preset!r} matches")
+    if args.seeds is not None:
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+        cases = tuple(AttackCase(**{**c.__dict__, "seeds": seeds}) for c in cases)
+    try:
+        data = load_cifar10(Path(args.data), split=args.split)
+    except FileNotFoundError as err:
+        raise SystemExit(
+            f"CIFAR-10 not found: {err}. Pass --data with an .npz (images, labels) or a folder "
+            "holding cifar-10-batches-py"
+        ) from err
+    out = Path(args.out or f"bench/runs/attack-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
+    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
+    run_bench(cases, data, out, dtype=dtype, command=command)
+    print((out / "summary.md").read_text())
+    print(f"results in {out}/ (summary.md, summary.json, rows.jsonl)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    parser = argparse.ArgumentParser(prog="fl-sim", description=__doc__)
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and results")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    attack = bench.add_parser("attack", help="SPEAR++ on client updates of real CIFAR-10 images")
+    attack.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    attack.add_argument("--only", nargs="*", help="keep cases whose name contains one of these")
+    attack.add_argument("--seeds", help="comma-separated seeds, overriding the preset's")
+    attack.add_argument(
+        "--data", required=True, help="CIFAR-10: .npz or folder (torchvision layout)"
+    )
+    attack.add_argument("--split", choices=("train", "test"), default="test")
+    attack.add_argument(
+        "--dtype",
+        choices=("float64", "float32"),
+        default="float64",
+        help="precision of the client's model and gradient",
+    )
+    attack.add_argument("--out", help="results folder (default: bench/runs/attack-PRESET-TIME)")
+    attack.set_defaults(func=_bench_attack)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fl-sim`` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Datasets of the simulated world."""

@@ -1,0 +1,58 @@
+"""The fully connected ReLU network under attack, and locating a model's first linear layer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INPUT_DIM = 3 * 32 * 32
+NUM_CLASSES = 10
+
+
+def fc_relu_net(width: int = 200, depth: int = 6, input_dim: int = INPUT_DIM) -> nn.Sequential:
+    """``Flatten -> Linear(n, m) -> ReLU -> [Linear(m, m) -> ReLU] x (depth - 2) -> Linear(m, 10)``.
+
+    Depth 6 is the network of the SPEAR and SPEAR++ evaluations; depth 2 is one hidden layer.
+    """
+    if depth < 2:
+        raise ValueError(f"depth={depth}: the network needs at least 2 linear layers")
+    if width < 1:
+        raise ValueError(f"width={width}: must be >= 1")
+    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(input_dim, width), nn.ReLU()]
+    for _ in range(depth - 2):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, NUM_CLASSES))
+    return nn.Sequential(*layers)
+
+
+def first_linear(model: nn.Module) -> tuple[str, nn.Linear]:
+    """Name and module of the first ``nn.Linear`` in ``model`` (registration order), checked to be
+    followed by a ReLU, the structure SPEAR++ needs.
+
+    Raises
+    ------
+    ValueError
+        If the model has no linear layer, or the next leaf module after the first is not a ReLU.
+    """
+    leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    for i, (name, module) in enumerate(leaves):
+        if isinstance(module, nn.Linear):
+            after = leaves[i + 1][1] if i + 1 < len(leaves) else None
+            if not isinstance(after, nn.ReLU):
+                raise ValueError(
+                    f"the first linear layer {name!r} is followed by {type(after).__name__}, "
+                    "not ReLU: SPEAR++ needs a ReLU right after the attacked layer"
+                )
+            return name, module
+    raise ValueError("the model has no nn.Linear layer to attack")
+
+
+def layer_gradients(
+    model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy gradient of ``model``'s first linear layer (weight, bias) on one batch."""
+    _, layer = first_linear(model)
+    model.zero_grad()
+    nn.functional.cross_entropy(model(inputs), labels).backward()
+    assert layer.weight.grad is not None and layer.bias.grad is not None
+    return layer.weight.grad.detach().clone(), layer.bias.grad.detach().clone()

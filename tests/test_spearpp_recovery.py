@@ -1,0 +1,66 @@
+"""Exact recovery of small real batches, by surrogate and optimiser, over several seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from attacks import SpearConfig, reconstruct
+from tests.helpers import best_match_error, observation
+
+FAST = SpearConfig(starts=500, steps=600)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(
+    ("b", "width", "config"),
+    [
+        (8, 100, FAST),
+        (16, 300, FAST),
+        (12, 200, FAST.replace(optimiser="pgd", lr=0.05)),
+        (12, 200, FAST.replace(surrogate="logcosh", refine="sampling")),
+    ],
+    ids=["l1-radam-B8", "l1-radam-B16", "l1-pgd-B12", "logcosh-sampling-B12"],
+)
+def test_exact_recovery(b: int, width: int, config: SpearConfig, seed: int) -> None:
+    view, x, _ = observation(b, width, seed)
+    rec = reconstruct(**view, config=config.replace(seed=seed))
+    assert rec.status == "exact"
+    assert rec.batch_size == b and rec.batch_size_method == "float-rank"
+    assert rec.inputs.shape == (b, x.shape[1])
+    assert best_match_error(rec.inputs, x).max() < 1e-6
+    assert rec.confidence.min() > 0.99
+    assert set(rec.timings) >= {"factorise", "search", "refine", "select", "solve", "total"}
+
+
+def test_neg_l4_runs_and_reports() -> None:
+    view, _, _ = observation(8, 100, 0)
+    rec = reconstruct(**view, config=FAST.replace(surrogate="l4", max_passes=1))
+    assert rec.status in ("exact", "partial", "failed")
+    assert rec.inputs.shape == (8, 3072)
+    assert rec.counts["starts"] == 500
+
+
+def test_paper_method_runs() -> None:
+    from attacks import paper_config
+
+    view, _x, _ = observation(8, 100, 0)
+    rec = reconstruct(**view, config=paper_config().replace(starts=500, steps=600))
+    assert rec.counts["passes"] == 1
+    assert rec.inputs.shape == (8, 3072)
+
+
+def test_same_seed_same_result() -> None:
+    view, _, _ = observation(8, 100, 3)
+    a = reconstruct(**view, config=FAST.replace(seed=5))
+    b = reconstruct(**view, config=FAST.replace(seed=5))
+    assert (a.inputs == b.inputs).all()
+    assert a.counts == b.counts
+
+
+def test_short_search_falls_back_to_partial() -> None:
+    view, _x, _ = observation(16, 300, 0)
+    rec = reconstruct(**view, config=SpearConfig(starts=3, steps=50, max_passes=1))
+    assert rec.status in ("partial", "failed")
+    assert rec.inputs.shape == (16, 3072)
+    assert int(rec.verified.sum()) < 16
+    assert rec.inputs.isfinite().all()
