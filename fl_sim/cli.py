@@ -7,6 +7,7 @@ import logging
 import shlex
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -66,8 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Known and harmless: geoopt's use of torch.jit.script, Opacus' full backward hooks.
+_QUIET_WARNINGS = ("`torch.jit.script` is deprecated", "Full backward hook is firing")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fl-sim`` console script."""
+    for message in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,

@@ -13,6 +13,8 @@ from attacks.errors import AttackInputError
 # s (sqrt(m) + sqrt(n)); signal must clear that edge by this factor to count.
 NOISE_EDGE_FACTOR = 1.5
 _OVERSAMPLE = 16
+# Undeclared noise: the signal must stand this far above the noise bulk at the gap.
+MIN_SPECTRAL_GAP = 100.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,10 @@ def factorise(
             rank, method = int((s > precision * s[0]).sum()), "float-rank"
             break
         elif at_full:
-            rank, method = _gap_rank(s), "spectral-gap"
+            # Without a clear gap the spectrum is the gradient's own: full rank, B >= min(m, n).
+            gap_rank = _gap_rank(s)
+            clear = float(s[gap_rank - 1]) >= MIN_SPECTRAL_GAP * float(s[gap_rank])
+            rank, method = (gap_rank if clear else full), "spectral-gap"
             break
         k = min(full, 2 * k)
     if not 1 <= rank < full:

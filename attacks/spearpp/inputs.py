@@ -68,10 +68,13 @@ def _as_tensor(name: str, value: object) -> torch.Tensor:
         )
     if not (value.dtype.is_floating_point and not value.dtype.is_complex):
         raise AttackInputError(f"{name} has dtype {value.dtype}: a real floating dtype is needed")
+    return value
+
+
+def _check_finite(name: str, value: torch.Tensor) -> None:
     if not bool(torch.isfinite(value).all()):
         bad = int((~torch.isfinite(value)).sum())
         raise AttackInputError(f"{name} holds {bad} NaN or infinite entries")
-    return value
 
 
 def observe_layer(
@@ -99,6 +102,8 @@ def observe_layer(
     if len(devices) > 1:
         where = ", ".join(f"{k} on {t.device}" for k, t in named.items())
         raise AttackInputError(f"inputs live on different devices ({where}): put them on one")
+    for key, tensor in named.items():
+        _check_finite(key, tensor)
     w, gw = named["weight"], named["grad_weight"]
     if w.ndim != 2:
         raise AttackInputError(f"weight must be 2-D (m x n), got shape {tuple(w.shape)}")

@@ -119,7 +119,9 @@ def run_search(
         stop searching (they were taken as candidates, or head for a column already found).
     """
     grad_of = surrogate_grad(config.surrogate, left.shape[0], config.logcosh_mu)
-    stepper: Stepper = STEPPERS[config.optimiser](starts.to(device=left.device, dtype=left.dtype))
+    # A copy: the optimiser moves its points in place, and the caller's starts stay as given.
+    start = starts.to(device=left.device, dtype=left.dtype, copy=True)
+    stepper: Stepper = STEPPERS[config.optimiser](start)
     for step in range(config.steps):
         if config.harvest_every and step and step % config.harvest_every == 0:
             stepper.keep(harvest(stepper.points))

@@ -26,6 +26,7 @@ from fl_sim.bench.cases import AttackCase
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import fc_relu_net, first_linear
+from strategies import update_as_gradient
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ def client_update(
     result = train_locally(model, norm.apply(images), labels, case.training, gen)
     lr = case.training.lr
     view = {
-        "grad_weight": (weight - layer.weight.detach()) / lr,
-        "grad_bias": (bias - layer.bias.detach()) / lr,
+        "grad_weight": update_as_gradient(weight, layer.weight.detach(), lr),
+        "grad_bias": update_as_gradient(bias, layer.bias.detach(), lr),
         "weight": weight,
         "bias": bias,
     }

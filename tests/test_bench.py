@@ -1,0 +1,41 @@
+"""The attack benchmark writes its rows as it goes and a summary at the end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attacks import SpearConfig
+from clients import LocalTraining
+from fl_sim.bench.attack import run_bench
+from fl_sim.bench.cases import AttackCase
+from fl_sim.cli import main
+from tests.helpers import real_images
+
+
+def test_bench_writes_rows_and_summary(tmp_path: Path) -> None:
+    cases = [
+        AttackCase("tiny", 6, 80, attack=SpearConfig(starts=300, steps=400), seeds=(0, 1)),
+        AttackCase(
+            "tiny fedavg",
+            6,
+            80,
+            training=LocalTraining("fedavg", lr=0.01, epochs=2, mini_batch=3),
+            attack=SpearConfig(starts=300, steps=400),
+        ),
+    ]
+    summaries = run_bench(cases, real_images(), tmp_path, command="test")
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["case"] for r in rows] == ["tiny", "tiny", "tiny fedavg"]
+    assert summaries[0]["share_exact_samples"] == 1.0
+    assert rows[0]["attack"]["status"] == "exact" and rows[0]["psnr_min"] >= 100
+    table = (tmp_path / "summary.md").read_text()
+    assert "| tiny | 2 |" in table and "Command: `test`" in table
+    assert json.loads((tmp_path / "summary.json").read_text())["cases"][1]["case"] == "tiny fedavg"
+
+
+def test_cli_names_missing_data(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="CIFAR-10 not found"):
+        main(["-q", "bench", "attack", "--data", str(tmp_path / "nothing"), "--out", str(tmp_path)])

@@ -1,0 +1,95 @@
+"""Local training by defence: each procedure's update checked against a direct computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from clients import LocalTraining, train_locally
+from fl_sim.model import fc_relu_net, first_linear
+from strategies import update_as_gradient
+
+
+def _setup(seed: int, b: int = 12) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = fc_relu_net(20, 3, input_dim=15).double()
+    x = torch.randn(b, 15, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (b,), generator=g)
+    return net, x, y
+
+
+def _first_weight(net: nn.Module) -> torch.Tensor:
+    return first_linear(net)[1].weight.detach().clone()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fedsgd_update_is_minus_lr_gradient(seed: int) -> None:
+    net, x, y = _setup(seed)
+    before = _first_weight(net)
+    nn.functional.cross_entropy(net(x), y).backward()
+    grad = first_linear(net)[1].weight.grad
+    assert grad is not None
+    grad = grad.clone()
+    net.zero_grad()
+    res = train_locally(net, x, y, LocalTraining("fedsgd", lr=0.05), torch.Generator())
+    assert res.steps == 1 and res.noise_std == 0.0
+    assert torch.allclose(update_as_gradient(before, _first_weight(net), 0.05), grad, atol=1e-12)
+
+
+@pytest.mark.parametrize(("b", "mini", "epochs"), [(12, 5, 3), (12, 12, 2), (10, 3, 1)])
+def test_fedavg_takes_epochs_times_batches_steps(b: int, mini: int, epochs: int) -> None:
+    net, x, y = _setup(0, b)
+    cfg = LocalTraining("fedavg", lr=0.01, epochs=epochs, mini_batch=mini)
+    res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
+    assert res.steps == epochs * math.ceil(b / mini)
+
+
+def test_dp_without_noise_is_mean_of_clipped_per_sample_gradients() -> None:
+    net, x, y = _setup(1)
+    reference = fc_relu_net(20, 3, input_dim=15).double()
+    reference.load_state_dict(net.state_dict())
+    clip = 0.05
+    before = _first_weight(net)
+    cfg = LocalTraining("dp", lr=0.1, clip=clip, noise_multiplier=0.0)
+    train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
+    # Brute force: per-sample gradients of all parameters, clipped by their joint norm.
+    total = torch.zeros_like(before)
+    for i in range(len(x)):
+        reference.zero_grad()
+        nn.functional.cross_entropy(reference(x[i : i + 1]), y[i : i + 1]).backward()
+        grads = [p.grad for p in reference.parameters() if p.grad is not None]
+        norm = torch.sqrt(sum(g.square().sum() for g in grads))
+        first = first_linear(reference)[1].weight.grad
+        assert first is not None
+        total += first * min(1.0, clip / float(norm))
+    expected = total / len(x)
+    assert torch.allclose(update_as_gradient(before, _first_weight(net), 0.1), expected, atol=1e-10)
+
+
+def test_dp_noise_has_the_configured_scale() -> None:
+    net, x, y = _setup(2, b=8)
+    before = _first_weight(net)
+    cfg = LocalTraining("dp", lr=1.0, clip=1.0, noise_multiplier=50.0)
+    res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
+    assert res.noise_std == pytest.approx(50.0 * 1.0 / 8)
+    # Clipped signal is at most clip / 1 per entry; noise dominates at sigma = 50.
+    empirical = float(update_as_gradient(before, _first_weight(net), 1.0).std())
+    assert empirical == pytest.approx(res.noise_std, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"defence": "secure"}, "allowed are fedsgd, fedavg, dp"),
+        ({"lr": 0.0}, "lr=0.0"),
+        ({"defence": "fedsgd", "epochs": 2}, "one full-batch step"),
+        ({"defence": "dp", "clip": 0.0}, "need clip > 0"),
+    ],
+)
+def test_bad_training_settings_are_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LocalTraining(**kwargs)  # type: ignore[arg-type]
