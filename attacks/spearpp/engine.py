@@ -126,7 +126,7 @@ def run_spearpp(
         noise_std=float(noise_std or 0.0),
         inverse_singular=1.0 / fac.singular_values[:b],
     )
-    pool = ColumnPool(b, device, spares=2 * b)
+    pool = ColumnPool(b, device, spares=2 * b, same_cosine=rule.same_column_cosine)
     search_left = left.to(getattr(torch, config.search_dtype))
     harvest = _Harvester(left, search_left, rule, config, pool, clock, generator)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attacks.spearpp.refine import SAME_COLUMN_COSINE, Candidates
+from attacks.spearpp.refine import Candidates
 
 
 class ColumnPool:
@@ -18,9 +18,12 @@ class ColumnPool:
         Where the columns live.
     spares
         How many unverified candidates to keep for completing a short basis.
+    same_cosine
+        |cosine| above which two directions count as one column.
     """
 
-    def __init__(self, dim: int, device: torch.device, spares: int) -> None:
+    def __init__(self, dim: int, device: torch.device, spares: int, same_cosine: float) -> None:
+        self._same = same_cosine
         self.columns = torch.zeros(0, dim, dtype=torch.float64, device=device)
         self.zeros = torch.zeros(0, dtype=torch.long, device=device)
         self._spares = Candidates.empty(dim, device)
@@ -37,7 +40,7 @@ class ColumnPool:
         before = len(self)
         ok = cands.verified
         for q, z in zip(cands.directions[ok], cands.zeros[ok], strict=True):
-            if not self._near(q[None], self.columns).any():
+            if not self._near(q[None], self.columns, self._same).any():
                 self.columns = torch.cat([self.columns, q[None]])
                 self.zeros = torch.cat([self.zeros, z[None]])
         spare = ~cands.verified & ~cands.mixed
@@ -59,14 +62,12 @@ class ColumnPool:
             0, self.columns.shape[1], dtype=torch.float64, device=self.columns.device
         )
         for q in self._spares.directions:
-            if not self._near(q[None], torch.cat([self.columns, kept])).any():
+            if not self._near(q[None], torch.cat([self.columns, kept]), self._same).any():
                 kept = torch.cat([kept, q[None]])
         return kept
 
     @staticmethod
-    def _near(
-        points: torch.Tensor, columns: torch.Tensor, cosine: float = SAME_COLUMN_COSINE
-    ) -> torch.Tensor:
+    def _near(points: torch.Tensor, columns: torch.Tensor, cosine: float) -> torch.Tensor:
         if columns.shape[0] == 0:
             return torch.zeros(points.shape[0], dtype=torch.bool, device=points.device)
         unit = torch.nn.functional.normalize(points, dim=1)

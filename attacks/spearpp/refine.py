@@ -22,8 +22,10 @@ _EXTRA_ROWS_MIN = 4
 # The noise floor of an entry of L q is (noise std) x ||S^-1 q||; zeros are taken within this many.
 _NOISE_SIGMAS = 3.0
 _CHUNK = 256
-# Two verified directions this close (|cosine|) are the same column found twice.
+# Two verified directions this close (|cosine|) are the same column found twice; under noise
+# two estimates of one column differ more.
 SAME_COLUMN_COSINE = 0.999
+SAME_COLUMN_COSINE_NOISY = 0.98
 _MAX_MIX = 4
 _SPLIT_DRAWS = 8
 # Mixes split per call: the rest are dropped (they recur if they matter).
@@ -53,6 +55,11 @@ class ZeroRule:
     relative: float
     noise_std: float
     inverse_singular: torch.Tensor
+
+    @property
+    def same_column_cosine(self) -> float:
+        """|cosine| above which two directions are one column."""
+        return SAME_COLUMN_COSINE_NOISY if self.noise_std else SAME_COLUMN_COSINE
 
     def tolerance(self, q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Absolute zero tolerance per row of ``q`` (c x B) with ``y = q L^T`` (c x m)."""
@@ -169,13 +176,24 @@ def _certify(
     return one_column, bases
 
 
-def novel(directions: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+def novel(directions: torch.Tensor, known: torch.Tensor, cosine: float) -> torch.Tensor:
     """Mask of unit ``directions`` that are neither near a ``known`` column nor an earlier row."""
     near_known = torch.zeros(directions.shape[0], dtype=torch.bool, device=directions.device)
     if known.shape[0]:
-        near_known = (directions @ known.T).abs().amax(dim=1) >= SAME_COLUMN_COSINE
-    same = (directions @ directions.T).abs() >= SAME_COLUMN_COSINE
+        near_known = (directions @ known.T).abs().amax(dim=1) >= cosine
+    same = (directions @ directions.T).abs() >= cosine
     return ~near_known & ~torch.tril(same, diagonal=-1).any(dim=1)
+
+
+def _refit(
+    left: torch.Tensor, zero: torch.Tensor, rule: ZeroRule
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Under noise, re-estimate each direction from its whole zero set (least squares over ~m/2
+    rows instead of the pinned few), and recount its zeros."""
+    gram = torch.einsum("mb,cm,md->cbd", left, zero.to(left.dtype), left)
+    _, vecs = torch.linalg.eigh(gram)
+    v = canonical_sign(vecs[:, :, 0])
+    return v, _count_zeros(left, v, rule)
 
 
 def refine_kernel(
@@ -213,7 +231,7 @@ def refine_kernel(
         idx = y.abs().argsort(dim=1)[:, :rows]
         _, s, vh = torch.linalg.svd(left[idx], full_matrices=False)
         v = canonical_sign(vh[:, -1, :])
-        keep = novel(v, known)
+        keep = novel(v, known, rule.same_column_cosine)
         v, s = v[keep], s[keep]
         yv = v @ left.T
         entry_tol = rule.tolerance(v, yv)
@@ -222,6 +240,8 @@ def refine_kernel(
         zeros = zero.sum(dim=1)
         one_column, bases = _certify(left, v, zero, entry_tol)
         verified = pinned & one_column & (zeros >= rows)
+        if rule.noise_std and bool(verified.any()):
+            v[verified], zeros[verified] = _refit(left, zero[verified], rule)
         mixed = pinned & ~one_column
         parts.append(Candidates(v, zeros, verified, mixed))
         if split:
