@@ -1,5 +1,6 @@
 """The world's clients: local training procedures, registered by defence name."""
 
+from clients.privacy import PrivacyLedger
 from clients.training import TRAINERS, LocalTraining, TrainResult, train_locally
 
-__all__ = ["TRAINERS", "LocalTraining", "TrainResult", "train_locally"]
+__all__ = ["TRAINERS", "LocalTraining", "PrivacyLedger", "TrainResult", "train_locally"]

@@ -34,6 +34,10 @@ class LocalTraining:
         DP-SGD per-sample clip norm C.
     noise_multiplier
         DP-SGD noise multiplier sigma (noise std sigma * C on the summed gradient).
+    poisson
+        DP-SGD with Poisson sampling: each step takes every sample with probability
+        mini_batch / B (random batch sizes, empty batches skipped), as the RDP accountant assumes;
+        otherwise shuffled fixed-size mini-batches.
     """
 
     defence: str = "fedsgd"
@@ -42,6 +46,7 @@ class LocalTraining:
     mini_batch: int | None = None
     clip: float = 1.0
     noise_multiplier: float = 0.0
+    poisson: bool = False
 
     def __post_init__(self) -> None:
         if self.defence not in TRAINERS:
@@ -73,11 +78,14 @@ class TrainResult:
         Mean training loss over the steps.
     noise_std
         Per-entry std of the noise in each step's averaged gradient (0 without DP).
+    sample_rate
+        Share of the local batch each step samples (mini_batch / B).
     """
 
     steps: int
     loss: float
     noise_std: float
+    sample_rate: float = 1.0
 
 
 Trainer = Callable[
@@ -85,11 +93,18 @@ Trainer = Callable[
 ]
 
 
-def _batches(n: int, size: int, epochs: int, generator: torch.Generator) -> list[torch.Tensor]:
-    out = []
+def _batches(
+    n: int, size: int, epochs: int, generator: torch.Generator, poisson: bool = False
+) -> list[torch.Tensor]:
+    """Index batches: shuffled splits per epoch, or Poisson draws at rate size / n."""
+    out: list[torch.Tensor] = []
     for _ in range(epochs):
-        order = torch.randperm(n, generator=generator)
-        out += list(order.split(size))
+        if poisson:
+            steps = math.ceil(n / size)
+            draws = torch.rand(steps, n, generator=generator) < size / n
+            out += [torch.nonzero(row).flatten() for row in draws]
+        else:
+            out += list(torch.randperm(n, generator=generator).split(size))
     return out
 
 
@@ -102,12 +117,14 @@ def _sgd(
 ) -> float:
     total = 0.0
     for idx in batches:
+        if len(idx) == 0:  # an empty Poisson draw: nothing of the data to release
+            continue
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
         loss.backward()
         optimizer.step()
         total += float(loss.detach())
-    return total / len(batches)
+    return total / max(1, sum(len(idx) > 0 for idx in batches))
 
 
 def train_fedsgd(
@@ -123,9 +140,11 @@ def train_fedavg(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
 ) -> TrainResult:
     """E epochs of SGD over shuffled mini-batches: E x ceil(B / b_mini) steps."""
-    batches = _batches(len(x), cfg.mini_batch or len(x), cfg.epochs, gen)
+    size = min(cfg.mini_batch or len(x), len(x))
+    batches = _batches(len(x), size, cfg.epochs, gen)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    return TrainResult(steps=len(batches), loss=_sgd(model, opt, x, y, batches), noise_std=0.0)
+    loss = _sgd(model, opt, x, y, batches)
+    return TrainResult(len(batches), loss, noise_std=0.0, sample_rate=size / len(x))
 
 
 def train_dp(
@@ -133,8 +152,8 @@ def train_dp(
 ) -> TrainResult:
     """DP-SGD (Opacus): per-sample clipping to C, Gaussian noise sigma * C on each step's sum,
     averaged over the mini-batch; epochs and mini-batches as in ``fedavg``."""
-    size = cfg.mini_batch or len(x)
-    batches = _batches(len(x), size, cfg.epochs, gen)
+    size = min(cfg.mini_batch or len(x), len(x))
+    batches = _batches(len(x), size, cfg.epochs, gen, cfg.poisson)
     private = GradSampleModule(model)
     opt = DPOptimizer(
         torch.optim.SGD(private.parameters(), lr=cfg.lr),
@@ -146,7 +165,10 @@ def train_dp(
     loss = _sgd(private, opt, x, y, batches)
     private._close()
     return TrainResult(
-        steps=len(batches), loss=loss, noise_std=cfg.noise_multiplier * cfg.clip / size
+        steps=len(batches),
+        loss=loss,
+        noise_std=cfg.noise_multiplier * cfg.clip / size,
+        sample_rate=size / len(x),
     )
 
 

@@ -42,11 +42,34 @@ def _bench_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from fl_sim.config import ConfigError, load_scenario
+    from fl_sim.run import run_scenario
+
+    try:
+        scenario, resolved = load_scenario(Path(args.config), args.set or ())
+    except ConfigError as err:
+        raise SystemExit(f"fl-sim run: {err}") from None
+    run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
+    print(f"run directory: {run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(prog="fl-sim", description=__doc__)
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and results")
     sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a federation scenario (TOML) in Flower's simulation")
+    run.add_argument("config", help="scenario file, e.g. configs/quickstart.toml")
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set clients.3.defence=dp (repeatable)",
+    )
+    run.add_argument("--out", help="run directory (default: runs/NAME-TIME); never overwritten")
+    run.set_defaults(func=_run)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     attack = bench.add_parser("attack", help="SPEAR++ on client updates of real CIFAR-10 images")
     attack.add_argument("--preset", choices=sorted(PRESETS), default="quick")

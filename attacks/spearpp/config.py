@@ -58,8 +58,9 @@ class SpearConfig:
     split_mixtures
         Split candidates whose zero set is shared by a few columns into those columns.
     deflate
-        After each pass that left columns missing, run convex l1 searches on hyperplanes that
-        exclude the found columns (beyond the paper).
+        Beyond the paper: passes after the first start orthogonal to the columns already found,
+        and when only a few columns are missing, convex l1 searches on hyperplanes that exclude
+        the found ones go after them.
     search_dtype
         Precision of the search; refinement, scaling and the solve are always float64.
     device

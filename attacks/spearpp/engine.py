@@ -28,6 +28,9 @@ _CONVERGED_RATIO = 1e-2
 _FINAL_RATIO = 0.1
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
+# The convex search pays off only for the last few columns: with many missing, its optimum is
+# mostly a mix of them.
+_DEFLATE_MAX_MISSING = 4
 
 
 class _Clock:
@@ -139,15 +142,20 @@ def run_spearpp(
         passes += 1
         for offset in range(0, config.starts, chunk):
             count = min(chunk, config.starts - offset)
+            # Once columns are known, start orthogonal to all of them: uniform starts fall
+            # mostly back into the large basins of columns already found.
+            fresh = (
+                complement_probes(pool.columns, count, generator)
+                if config.deflate and len(pool)
+                else random_starts(count, b, generator)
+            )
             with clock.stage("search"):
-                points = run_search(
-                    search_left, random_starts(count, b, generator), config, harvest
-                )
+                points = run_search(search_left, fresh, config, harvest)
             harvest(points, final=True)
             starts += count
             if len(pool) >= b:
                 break
-        if config.deflate and len(pool) < b:
+        if config.deflate and 0 < b - len(pool) <= max(_DEFLATE_MAX_MISSING, b // 20):
             with clock.stage("deflate"):
                 _deflate(harvest, b, generator)
         log.info(

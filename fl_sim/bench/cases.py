@@ -120,6 +120,12 @@ ENGINE: tuple[AttackCase, ...] = (
     _with(PAPER[12], seeds=tuple(range(10))),
 )
 
+# Depth 2 (one hidden layer into the head) is not a target of the engine; measured and reported.
+SHALLOW: tuple[AttackCase, ...] = (
+    AttackCase("depth 2 l1 RAdam B=20 m=200", 20, 200, depth=2, seeds=(0, 1, 2, 3, 4)),
+    AttackCase("depth 2 l1 RAdam B=50 m=1000", 50, 1000, depth=2, seeds=(0, 1, 2)),
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -130,4 +136,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "paper": PAPER,
     "paper-method": tuple(_paper_method(c) for c in PAPER),
     "engine": ENGINE,
+    "shallow": SHALLOW,
 }

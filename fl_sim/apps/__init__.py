@@ -1,0 +1,1 @@
+"""Flower apps of the simulated federation (Message API)."""

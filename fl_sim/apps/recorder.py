@@ -1,0 +1,93 @@
+"""What the server records as a run goes: global test metrics and per-client training rows,
+appended line by line so an interrupted run keeps every finished round."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from torch import nn
+
+from fl_sim.config.schema import Scenario
+from fl_sim.data.federated import federated_data
+from fl_sim.model import fc_relu_net
+
+ROUNDS_FILE = "rounds.jsonl"
+CLIENTS_FILE = "clients.jsonl"
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON object as a line, flushed at once."""
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+class RunRecorder:
+    """Server-side bookkeeping of one run.
+
+    Parameters
+    ----------
+    scenario
+        The run.
+    run_dir
+        Where ``rounds.jsonl`` and ``clients.jsonl`` grow.
+    progress
+        Stream for the progress line (``None``: silent).
+    """
+
+    def __init__(self, scenario: Scenario, run_dir: Path, progress: TextIO | None = sys.stderr):
+        self.scenario = scenario
+        self.run_dir = run_dir
+        self.progress = progress
+        self.started = time.perf_counter()
+        self.data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+        self._x, self._y = self.data.tensors(self.data.test)
+
+    def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """Test loss and accuracy of the global model (round 0: before training)."""
+        model = fc_relu_net(self.scenario.model.width, self.scenario.model.depth)
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            logits = model(self._x)
+            loss = float(nn.functional.cross_entropy(logits, self._y))
+            accuracy = float((logits.argmax(dim=1) == self._y).float().mean())
+        row = {
+            "round": server_round,
+            "test_loss": loss,
+            "test_accuracy": accuracy,
+            "seconds": time.perf_counter() - self.started,
+        }
+        append_jsonl(self.run_dir / ROUNDS_FILE, row)
+        self._show(row)
+        return MetricRecord({"test-loss": loss, "test-accuracy": accuracy})
+
+    def client_metrics(self, contents: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+        """Record each client's declared settings, loss and epsilon; aggregate as FedAvg does."""
+        for content in contents:
+            declared = content.get("client")
+            if isinstance(declared, ConfigRecord):
+                row = {
+                    "round": declared.get("server-round"),
+                    "client": declared.get("partition-id"),
+                }
+                row |= {k.replace("-", "_"): v for k, v in declared.items()}
+                append_jsonl(self.run_dir / CLIENTS_FILE, row)
+        return aggregate_metricrecords(contents, weighted_by_key)
+
+    def _show(self, row: dict[str, Any]) -> None:
+        if self.progress is None:
+            return
+        total = self.scenario.rounds
+        done = int(row["round"])
+        bar = "#" * done + "." * (total - done)
+        self.progress.write(
+            f"\r[{bar}] round {done}/{total}  test acc {row['test_accuracy']:.3f}  "
+            f"loss {row['test_loss']:.3f}  {row['seconds']:.0f} s" + ("\n" if done == total else "")
+        )
+        self.progress.flush()

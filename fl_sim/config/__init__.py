@@ -1,0 +1,15 @@
+"""Scenario configuration: TOML files and --set overrides, validated once into frozen objects."""
+
+from fl_sim.config.load import ConfigError, apply_overrides, load_scenario, parse_scenario
+from fl_sim.config.schema import ClientSpec, DataSpec, ModelSpec, Scenario
+
+__all__ = [
+    "ClientSpec",
+    "ConfigError",
+    "DataSpec",
+    "ModelSpec",
+    "Scenario",
+    "apply_overrides",
+    "load_scenario",
+    "parse_scenario",
+]

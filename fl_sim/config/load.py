@@ -1,0 +1,208 @@
+"""Reading scenarios: TOML, dotted ``--set`` overrides, and validation with errors that name the
+key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from clients import TRAINERS, LocalTraining
+from fl_sim.config.schema import ClientSpec, DataSpec, ModelSpec, Scenario
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_TOP = {"name": str, "rounds": int, "seed": int}
+_RESOURCES = {"client_cpus": float, "client_gpus": float}
+_CLIENT_KEYS: dict[str, type] = {
+    "defence": str,
+    "lr": float,
+    "epochs": int,
+    "mini_batch": int,
+    "clip": float,
+    "noise_multiplier": float,
+    "batch_size": int,
+    "delta": float,
+    "poisson": bool,
+}
+_CHOICES = {
+    "data.source": ("auto", "cifar10", "photos"),
+    "data.partition": ("iid", "dirichlet"),
+    "defence": tuple(TRAINERS),
+}
+
+
+class ConfigError(ValueError):
+    """A scenario key or value that cannot be used; the message says which and what is allowed."""
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key} = {value!r}: expected {kind.__name__}")
+    return value
+
+
+def _table(raw: Mapping[str, Any], prefix: str, spec: Mapping[str, type]) -> dict[str, Any]:
+    out = {}
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        if key not in spec:
+            raise ConfigError(f"unknown key {path!r}: allowed are {', '.join(sorted(spec))}")
+        out[key] = _typed(path, value, spec[key])
+        if path in _CHOICES and out[key] not in _CHOICES[path]:
+            raise ConfigError(f"{path} = {value!r}: allowed are {', '.join(_CHOICES[path])}")
+    return out
+
+
+def _spec_of(cls: type) -> dict[str, type]:
+    kinds = {"str": str, "int": int, "float": float, "bool": bool}
+    return {f.name: kinds[str(f.type)] for f in fields(cls)}
+
+
+def _client_ids(key: str, count: int) -> range:
+    """``"3"`` or ``"0-4"`` (inclusive) as client ids, checked against ``count``."""
+    try:
+        lo, _, hi = key.partition("-")
+        ids = range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise ConfigError(
+            f"clients.{key}: a client table is named by an id or a range like '0-4'"
+        ) from None
+    if not ids or ids.start < 0 or ids.stop > count:
+        raise ConfigError(
+            f"clients.{key}: ids must lie in 0..{count - 1} (clients.count = {count})"
+        )
+    return ids
+
+
+def _client(path: str, settings: Mapping[str, Any]) -> ClientSpec:
+    train_keys = ("defence", "lr", "epochs", "mini_batch", "clip", "noise_multiplier", "poisson")
+    train = {k: settings[k] for k in train_keys if k in settings}
+    if train.get("defence") == "fedsgd":
+        train.pop("epochs", None)
+        train.pop("mini_batch", None)
+    try:
+        training = LocalTraining(**train)
+        spec = ClientSpec(
+            training=training,
+            **{k: settings[k] for k in ("batch_size", "delta") if k in settings},
+        )
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    if spec.batch_size < 1:
+        raise ConfigError(f"{path}.batch_size = {spec.batch_size}: must be >= 1")
+    if not 0 < spec.delta < 1:
+        raise ConfigError(f"{path}.delta = {spec.delta}: must be in (0, 1)")
+    return spec
+
+
+def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
+    """Validate a scenario given as nested mappings (as TOML reads it).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown key, a wrong type, a value out of range, or a bad client id.
+    """
+    allowed = {*_TOP, "resources", "data", "model", "clients"}
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"unknown key {key!r}: allowed are {', '.join(sorted(allowed))}")
+    top = _table({k: v for k, v in raw.items() if k in _TOP}, "", _TOP)
+    resources = _table(raw.get("resources", {}), "resources.", _RESOURCES)
+    data = DataSpec(**_table(raw.get("data", {}), "data.", _spec_of(DataSpec)))
+    model = ModelSpec(**_table(raw.get("model", {}), "model.", _spec_of(ModelSpec)))
+    clients_raw = dict(raw.get("clients", {}))
+    count = _typed("clients.count", clients_raw.pop("count", 2), int)
+    if count < 1:
+        raise ConfigError(f"clients.count = {count}: must be >= 1")
+    defaults = _table(
+        {k: v for k, v in clients_raw.items() if not isinstance(v, dict)}, "clients.", _CLIENT_KEYS
+    )
+    per_client = [dict(defaults) for _ in range(count)]
+    for key, table in clients_raw.items():
+        if isinstance(table, dict):
+            for cid in _client_ids(key, count):
+                per_client[cid].update(_table(table, f"clients.{key}.", _CLIENT_KEYS))
+    specs = tuple(_client(f"clients.{i}", s) for i, s in enumerate(per_client))
+    rounds = top.get("rounds", 3)
+    if rounds < 1:
+        raise ConfigError(f"rounds = {rounds}: must be >= 1")
+    _check_data(data)
+    _check_model(model)
+    for spec in specs:
+        if spec.batch_size > data.samples_per_client:
+            raise ConfigError(
+                f"a client's batch_size = {spec.batch_size} exceeds data.samples_per_client = "
+                f"{data.samples_per_client}"
+            )
+    return Scenario(
+        name=top.get("name", "scenario"),
+        rounds=rounds,
+        seed=top.get("seed", 0),
+        data=data,
+        model=model,
+        clients=specs,
+        **resources,
+    )
+
+
+def _check_data(data: DataSpec) -> None:
+    if data.samples_per_client < 1:
+        raise ConfigError(f"data.samples_per_client = {data.samples_per_client}: must be >= 1")
+    if data.test_size < 1:
+        raise ConfigError(f"data.test_size = {data.test_size}: must be >= 1")
+    if data.alpha <= 0:
+        raise ConfigError(f"data.alpha = {data.alpha}: must be > 0")
+
+
+def _check_model(model: ModelSpec) -> None:
+    if model.width < 1:
+        raise ConfigError(f"model.width = {model.width}: must be >= 1")
+    if model.depth < 2:
+        raise ConfigError(f"model.depth = {model.depth}: must be >= 2")
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: --set clients.3.defence=dp
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` overrides on dotted keys (``clients.3.defence=dp``), values read as TOML."""
+    out: dict[str, Any] = copy.deepcopy(dict(raw))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. clients.3.defence=dp")
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is a value, not a table")
+            node = child
+        node[leaf] = _parse_value(text.strip())
+    return out
+
+
+def load_scenario(path: Path, overrides: Iterable[str] = ()) -> tuple[Scenario, dict[str, Any]]:
+    """Read, override and validate a scenario file; returns it and the resolved raw mapping."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"scenario file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    resolved = apply_overrides(raw, overrides)
+    return parse_scenario(resolved), resolved
