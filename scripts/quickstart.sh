@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed, then the main job: the attack benchmark's quick preset on real
-# CIFAR-10 images (the local copy given by $CIFAR10, by default the shared test file).
+# Sets up .venv if needed, then the main job: the quickstart federation (configs/quickstart.toml),
+# offline by default. Extra arguments go to `fl-sim run` (e.g. --set rounds=5, --out DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/fl-sim bench attack --preset quick --data "${CIFAR10:-../shared/data/cifar10_test_1000.npz}" "$@"
+.venv/bin/fl-sim run configs/quickstart.toml "$@"

@@ -20,14 +20,25 @@ _EPS_DECAY = 0.7
 _EPS_FLOOR = 1e-12
 
 
-def complement_probes(found: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
-    """``count`` random unit vectors orthogonal to every found column (rows of ``found``)."""
+def complement_probes(
+    found: torch.Tensor, count: int, generator: torch.Generator, spread: float = 0.0
+) -> torch.Tensor:
+    """``count`` random unit vectors orthogonal to every found column (rows of ``found``).
+
+    With ``spread`` > 0, a uniform random unit vector of that weight is added before
+    normalising: the probes then lean away from the found columns without all collapsing onto
+    a complement of very few dimensions.
+    """
     b = found.shape[1]
     raw = torch.randn(count, b, generator=generator, dtype=torch.float64).to(found.device)
+    probes = raw
     if found.shape[0]:
         basis, _ = torch.linalg.qr(found.T)  # B x k, orthonormal span of the found columns
-        raw = raw - (raw @ basis) @ basis.T
-    return torch.nn.functional.normalize(raw, dim=1)
+        probes = probes - (probes @ basis) @ basis.T
+    probes = torch.nn.functional.normalize(probes, dim=1)
+    if spread:
+        probes = probes + spread * torch.nn.functional.normalize(raw, dim=1)
+    return torch.nn.functional.normalize(probes, dim=1)
 
 
 def l1_on_hyperplanes(left: torch.Tensor, probes: torch.Tensor, power: float = 1.0) -> torch.Tensor:

@@ -28,6 +28,9 @@ _CONVERGED_RATIO = 1e-2
 _FINAL_RATIO = 0.1
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
+# Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
+# two columns missing the complement is a line or a plane, and starts must still differ.
+_START_SPREAD = 0.5
 # The convex search pays off only for the last few columns: with many missing, its optimum is
 # mostly a mix of them.
 _DEFLATE_MAX_MISSING = 4
@@ -145,7 +148,7 @@ def run_spearpp(
             # Once columns are known, start orthogonal to all of them: uniform starts fall
             # mostly back into the large basins of columns already found.
             fresh = (
-                complement_probes(pool.columns, count, generator)
+                complement_probes(pool.columns, count, generator, spread=_START_SPREAD)
                 if config.deflate and len(pool)
                 else random_starts(count, b, generator)
             )
