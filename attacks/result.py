@@ -23,8 +23,9 @@ class Reconstruction:
     batch_size_method
         How B_hat was found: ``declared``, ``float-rank``, ``noise-edge`` or ``spectral-gap``.
     status
-        ``exact`` when every one of the B_hat columns was verified (under noise: verified at the
-        noise level), ``partial`` when some were and the rest completed, ``failed`` when none was.
+        ``exact`` when every one of the B_hat columns was verified and every sample's sparsity
+        matching coefficient is at least 0.95, ``partial`` when some columns were verified (the
+        rest completed), ``failed`` when none was.
     confidence
         Per reconstructed sample, the sparsity matching coefficient in [0, 1] (1: the sample's
         inactive neurons are exactly the zeros of its gradient).
@@ -37,6 +38,8 @@ class Reconstruction:
         verified columns), ``selected``.
     settings
         The configuration used, plus the device and what the attacker was told.
+    reason
+        Why the result is not exact, when the engine can say ('' otherwise).
     """
 
     inputs: torch.Tensor
@@ -48,6 +51,7 @@ class Reconstruction:
     timings: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def summary(self) -> dict[str, Any]:
         """Everything but the inputs, as JSON-ready values."""
@@ -55,6 +59,7 @@ class Reconstruction:
             "batch_size": self.batch_size,
             "batch_size_method": self.batch_size_method,
             "status": self.status,
+            "reason": self.reason,
             "verified": int(self.verified.sum()),
             "confidence_mean": float(self.confidence.mean()) if self.batch_size else 0.0,
             "timings": dict(self.timings),

@@ -51,7 +51,29 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise SystemExit(f"fl-sim run: {err}") from None
     run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
-    print(f"run directory: {run_dir}")
+    _print_summary(run_dir)
+    return 0
+
+
+def _print_summary(run_dir: Path) -> None:
+    from fl_sim.report import summary_table
+    from fl_sim.report.build import REPORT_FILE, read_jsonl
+
+    records = read_jsonl(run_dir / "audit.jsonl")
+    if records:
+        print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
+        print(summary_table(records))
+    print(f"\nrun directory: {run_dir}  (report: {run_dir / REPORT_FILE})")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fl_sim.report import build_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "rounds.jsonl").is_file():
+        raise SystemExit(f"fl-sim report: {run_dir} is not a run directory (no rounds.jsonl)")
+    build_report(run_dir)
+    _print_summary(run_dir)
     return 0
 
 
@@ -70,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", help="run directory (default: runs/NAME-TIME); never overwritten")
     run.set_defaults(func=_run)
+    report = sub.add_parser("report", help="(re)build the report of a run directory")
+    report.add_argument("run_dir")
+    report.set_defaults(func=_report)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     attack = bench.add_parser("attack", help="SPEAR++ on client updates of real CIFAR-10 images")
     attack.add_argument("--preset", choices=sorted(PRESETS), default="quick")

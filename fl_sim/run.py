@@ -15,6 +15,7 @@ from fl_sim.apps.recorder import ROUNDS_FILE
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
+from fl_sim.report import build_report
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     """Run ``scenario`` with Flower's Ray-backed simulation; returns the run directory.
 
     The directory holds ``scenario.json`` (the resolved config), ``data.json`` (which dataset
-    was actually used and its normalisation), ``rounds.jsonl``, ``clients.jsonl``, ``run.log``
-    and ``accuracy.png``.
+    was actually used and its normalisation), ``rounds.jsonl``, ``clients.jsonl``,
+    ``audit.jsonl``, ``grids/``, ``plots/``, ``run.log``, ``accuracy.png`` and ``report.html``.
     """
     from flwr.simulation import run_simulation
 
@@ -93,6 +94,7 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
             },
         )
         plot_accuracy(run_dir)
+        build_report(run_dir)
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()

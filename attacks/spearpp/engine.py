@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 _CONVERGED_RATIO = 1e-2
 # At the end of a pass every point but the clearly unconverged ones is refined.
 _FINAL_RATIO = 0.1
+# Lowest sparsity matching coefficient of a sample in a batch called exact.
+_EXACT_MATCHING = 0.95
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
 # Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
@@ -126,6 +128,26 @@ def run_spearpp(
             generator=generator,
         )
     b, m = fac.batch_size, obs.width
+    settings = {
+        **config.as_dict(),
+        "device_used": str(device),
+        "declared_batch_size": batch_size,
+        "declared_noise_std": noise_std,
+    }
+    if b == 0:
+        clock.seconds["total"] = time.perf_counter() - started
+        return Reconstruction(
+            inputs=torch.zeros(0, obs.input_dim, dtype=torch.float64),
+            batch_size=0,
+            batch_size_method=fac.method,
+            status="failed",
+            confidence=torch.zeros(0, dtype=torch.float64),
+            verified=torch.zeros(0, dtype=torch.bool),
+            timings=clock.seconds,
+            counts={"starts": 0, "passes": 0, "candidates": 0, "unique": 0, "selected": 0},
+            settings=settings,
+            reason="no singular value of the gradient stands above the declared noise",
+        )
     left = fac.left
     rule = ZeroRule(
         relative=config.zero_tol or obs.precision,
@@ -187,7 +209,13 @@ def run_spearpp(
             solution = solve_inputs(columns, left, fac.right, obs, rule)
     verified = torch.zeros(b, dtype=torch.bool)
     verified[: min(found, b)] = True
-    status: Status = "exact" if found >= b else ("partial" if found else "failed")
+    # Exact needs every column verified; under noise, columns verified at the noise level can
+    # still be off, so each sample's inactive neurons must also match its gradient's zeros.
+    # (Without noise the certificate is exact already, and multi-step updates legitimately
+    # match less: their zeros are those shared by every local step.)
+    matched = not noise_std or float(solution.matching.min()) >= _EXACT_MATCHING
+    exact = found >= b and matched
+    status: Status = "exact" if exact else ("partial" if found else "failed")
     clock.seconds["total"] = time.perf_counter() - started
     return Reconstruction(
         inputs=solution.inputs.cpu(),
@@ -204,10 +232,11 @@ def run_spearpp(
             "unique": found,
             "selected": min(found, b),
         },
-        settings={
-            **config.as_dict(),
-            "device_used": str(device),
-            "declared_batch_size": batch_size,
-            "declared_noise_std": noise_std,
-        },
+        settings=settings,
+        reason=""
+        if exact
+        else (
+            f"{min(found, b)} of {b} columns verified, lowest sparsity matching "
+            f"{float(solution.matching.min()):.3f}"
+        ),
     )

@@ -28,7 +28,7 @@ class Factorisation:
     singular_values
         The leading singular values that were computed (at least B of them).
     batch_size
-        B_hat, the rank used.
+        B_hat, the rank used (0 when nothing stands above the declared noise).
     method
         How B_hat was found: ``declared``, ``float-rank``, ``noise-edge`` or ``spectral-gap``.
     """
@@ -124,7 +124,7 @@ def factorise(
             rank, method = (gap_rank if clear else full), "spectral-gap"
             break
         k = min(full, 2 * k)
-    if not 1 <= rank < full:
+    if rank >= full:
         raise AttackInputError(
             f"estimated batch size B_hat={rank} ({method}) is not below min(m, n) = {full} "
             f"(m={m}, n={n}): the gradient is not low-rank, so SPEAR++ cannot separate the batch"

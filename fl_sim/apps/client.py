@@ -24,7 +24,6 @@ from flwr.clientapp import ClientApp
 from clients import PrivacyLedger, train_locally
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
-from fl_sim.model import fc_relu_net
 
 _LEDGER_KEY = "privacy-ledger"
 
@@ -57,7 +56,8 @@ def local_round(
     local = data.partitions[client]
     picked = np.sort(np.random.default_rng(seed).choice(local, spec.batch_size, replace=False))
     x, y = data.tensors(picked)
-    model = fc_relu_net(scenario.model.width, scenario.model.depth)
+    x = x.to(getattr(torch, scenario.model.dtype))
+    model = scenario.model.build()
     arrays = content["arrays"]
     assert isinstance(arrays, ArrayRecord)
     model.load_state_dict(arrays.to_torch_state_dict())

@@ -16,7 +16,6 @@ from torch import nn
 
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
-from fl_sim.model import fc_relu_net
 
 ROUNDS_FILE = "rounds.jsonl"
 CLIENTS_FILE = "clients.jsonl"
@@ -47,11 +46,12 @@ class RunRecorder:
         self.progress = progress
         self.started = time.perf_counter()
         self.data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-        self._x, self._y = self.data.tensors(self.data.test)
+        x, self._y = self.data.tensors(self.data.test)
+        self._x = x.to(getattr(torch, scenario.model.dtype))
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Test loss and accuracy of the global model (round 0: before training)."""
-        model = fc_relu_net(self.scenario.model.width, self.scenario.model.depth)
+        model = self.scenario.model.build()
         model.load_state_dict(arrays.to_torch_state_dict())
         with torch.no_grad():
             logits = model(self._x)

@@ -7,17 +7,21 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fl_sim.apps.recorder import RunRecorder
+from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
-from fl_sim.model import fc_relu_net
+from fl_sim.model import first_linear
+from strategies import HonestButCurious
+
+MODEL_FILE = "global_model.pt"
 
 
 def initial_arrays(scenario: Scenario) -> ArrayRecord:
     """The global model at round 0, seeded by the scenario."""
     torch.manual_seed(scenario.seed)
-    return ArrayRecord(fc_relu_net(scenario.model.width, scenario.model.depth).state_dict())
+    return ArrayRecord(scenario.model.build().state_dict())
 
 
 def build_strategy(scenario: Scenario, recorder: RunRecorder) -> FedAvg:
@@ -32,16 +36,32 @@ def build_strategy(scenario: Scenario, recorder: RunRecorder) -> FedAvg:
     )
 
 
+def attacked_layer(scenario: Scenario) -> tuple[str, str]:
+    """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks."""
+    name, _ = first_linear(scenario.model.build())
+    return f"{name}.weight", f"{name}.bias"
+
+
 def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:
-    """All rounds of ``scenario`` on ``grid``, recorded in ``run_dir``."""
+    """All rounds of ``scenario`` on ``grid``, recorded in ``run_dir``; with the audit on, the
+    server is honest but curious and every attack is collected before this returns."""
     recorder = RunRecorder(scenario, run_dir)
-    strategy = build_strategy(scenario, recorder)
-    strategy.start(
-        grid=grid,
-        initial_arrays=initial_arrays(scenario),
-        num_rounds=scenario.rounds,
-        evaluate_fn=recorder.evaluate,
-    )
+    strategy: Strategy = build_strategy(scenario, recorder)
+    auditor = None
+    if scenario.audit.enabled:
+        auditor = Auditor(scenario.audit, recorder.data, run_dir, scenario.seed)
+        strategy = HonestButCurious(strategy, auditor, attacked_layer(scenario))
+    try:
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=initial_arrays(scenario),
+            num_rounds=scenario.rounds,
+            evaluate_fn=recorder.evaluate,
+        )
+        torch.save(result.arrays.to_torch_state_dict(), run_dir / MODEL_FILE)
+    finally:
+        if auditor is not None:
+            auditor.finish()
 
 
 def make_server_app(scenario: Scenario, run_dir: Path) -> ServerApp:

@@ -1,9 +1,10 @@
 """Scenario configuration: TOML files and --set overrides, validated once into frozen objects."""
 
 from fl_sim.config.load import ConfigError, apply_overrides, load_scenario, parse_scenario
-from fl_sim.config.schema import ClientSpec, DataSpec, ModelSpec, Scenario
+from fl_sim.config.schema import AuditSpec, ClientSpec, DataSpec, ModelSpec, Scenario
 
 __all__ = [
+    "AuditSpec",
     "ClientSpec",
     "ConfigError",
     "DataSpec",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from clients import TRAINERS, LocalTraining
-from fl_sim.config.schema import ClientSpec, DataSpec, ModelSpec, Scenario
+from fl_sim.config.schema import AuditSpec, ClientSpec, DataSpec, ModelSpec, Scenario
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +34,7 @@ _CLIENT_KEYS: dict[str, type] = {
 _CHOICES = {
     "data.source": ("auto", "cifar10", "photos"),
     "data.partition": ("iid", "dirichlet"),
+    "model.dtype": ("float64", "float32"),
     "defence": tuple(TRAINERS),
 }
 
@@ -112,7 +113,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     ConfigError
         For an unknown key, a wrong type, a value out of range, or a bad client id.
     """
-    allowed = {*_TOP, "resources", "data", "model", "clients"}
+    allowed = {*_TOP, "resources", "data", "model", "clients", "audit"}
     for key in raw:
         if key not in allowed:
             raise ConfigError(f"unknown key {key!r}: allowed are {', '.join(sorted(allowed))}")
@@ -120,6 +121,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     resources = _table(raw.get("resources", {}), "resources.", _RESOURCES)
     data = DataSpec(**_table(raw.get("data", {}), "data.", _spec_of(DataSpec)))
     model = ModelSpec(**_table(raw.get("model", {}), "model.", _spec_of(ModelSpec)))
+    audit = _audit(raw.get("audit", {}))
     clients_raw = dict(raw.get("clients", {}))
     count = _typed("clients.count", clients_raw.pop("count", 2), int)
     if count < 1:
@@ -151,8 +153,36 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
         data=data,
         model=model,
         clients=specs,
+        audit=audit,
         **resources,
     )
+
+
+_AUDIT_LISTS = ("rounds", "clients")
+
+
+def _audit(raw: Mapping[str, Any]) -> AuditSpec:
+    scalars = {k: v for k, v in raw.items() if k not in _AUDIT_LISTS}
+    out = _table(scalars, "audit.", _spec_of_audit())
+    for key in _AUDIT_LISTS:
+        if key in raw:
+            value = raw[key]
+            if not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+                raise ConfigError(f"audit.{key} = {value!r}: expected a list of ints ([] = all)")
+            out[key] = tuple(value)
+    spec = AuditSpec(**out)
+    for key in ("starts", "steps", "max_passes", "workers"):
+        if getattr(spec, key) < 1:
+            raise ConfigError(f"audit.{key} = {getattr(spec, key)}: must be >= 1")
+    for key in ("time_budget_s", "wait_s"):
+        if getattr(spec, key) <= 0:
+            raise ConfigError(f"audit.{key} = {getattr(spec, key)}: must be > 0")
+    return spec
+
+
+def _spec_of_audit() -> dict[str, type]:
+    kinds = {"str": str, "int": int, "float": float, "bool": bool}
+    return {f.name: kinds[str(f.type)] for f in fields(AuditSpec) if f.name not in _AUDIT_LISTS}
 
 
 def _check_data(data: DataSpec) -> None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from torch import nn
+
 from clients import LocalTraining
+from fl_sim.model import fc_relu_net
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,19 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The FC ReLU network: first layer width m and depth (number of linear layers)."""
+    """The FC ReLU network: first layer width m, depth (number of linear layers) and dtype.
+
+    ``float64`` (the default) keeps the measured leakage the defence's own; with ``float32`` the
+    weights a client returns carry round-off that the server sees as a little noise.
+    """
 
     width: int = 200
     depth: int = 6
+    dtype: str = "float64"
+
+    def build(self) -> nn.Sequential:
+        """A freshly initialised network of this shape and dtype."""
+        return fc_relu_net(self.width, self.depth).to(getattr(torch, self.dtype))
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,45 @@ class ClientSpec:
 
 
 @dataclass(frozen=True)
+class AuditSpec:
+    """What the honest-but-curious server attacks, with what knowledge and budget.
+
+    Parameters
+    ----------
+    enabled
+        Intercept and attack at all.
+    rounds, clients
+        Which rounds and client ids to attack (empty: all).
+    knows_batch_size
+        The attacker may use the batch size the client declares (else it estimates it).
+    knows_noise
+        The attacker may use the DP noise level the client declares.
+    starts, steps, max_passes, time_budget_s
+        SPEAR++ budget per reconstruction (the time budget stops new passes).
+    workers
+        Attack processes working beside the federation.
+    wait_s
+        After the last round, how long to wait for unfinished attacks before recording them
+        as timed out.
+    grids
+        Save an image grid (originals over reconstructions) per record.
+    """
+
+    enabled: bool = True
+    rounds: tuple[int, ...] = ()
+    clients: tuple[int, ...] = ()
+    knows_batch_size: bool = False
+    knows_noise: bool = True
+    starts: int = 2000
+    steps: int = 1000
+    max_passes: int = 4
+    time_budget_s: float = 30.0
+    workers: int = 1
+    wait_s: float = 600.0
+    grids: bool = True
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A whole run: rounds, seed, data, model and one spec per client."""
 
@@ -75,5 +127,6 @@ class Scenario:
     data: DataSpec
     model: ModelSpec
     clients: tuple[ClientSpec, ...]
+    audit: AuditSpec = AuditSpec()
     client_cpus: float = 1.0
     client_gpus: float = 0.0

@@ -1,0 +1,123 @@
+"""``fl-sim report RUN_DIR``: summary table, plots and a self-contained HTML report."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fl_sim.report.plots import epsilon_vs_leakage, leakage_per_defence, leakage_per_round
+
+REPORT_FILE = "report.html"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (none if it does not exist)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fmt(value: Any, pattern: str = "{:.1f}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """Per client: defence, last epsilon, rounds attacked, statuses, PSNR and exact shares."""
+    by_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_client[r["client"]].append(r)
+    header = (
+        f"{'client':>6}  {'defence':<8} {'epsilon':>10} {'rounds':>6}  {'statuses':<22} "
+        f"{'PSNR mean':>9} {'PSNR min':>8} {'exact':>6} {'near':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    for client in sorted(by_client):
+        rows = sorted(by_client[client], key=lambda r: r["round"])
+        scored = [r for r in rows if r.get("psnr_mean") is not None]
+        statuses: dict[str, int] = defaultdict(int)
+        for r in rows:
+            statuses[r["status"]] += 1
+        eps = rows[-1].get("epsilon")
+        mean = sum(r["psnr_mean"] for r in scored) / len(scored) if scored else None
+        low = min((r["psnr_min"] for r in scored), default=None)
+        exact = sum(r["share_exact"] for r in scored) / len(scored) if scored else None
+        near = sum(r["share_near_exact"] for r in scored) / len(scored) if scored else None
+        lines.append(
+            f"{client:>6}  {rows[0]['defence']:<8} {_fmt(eps, '{:.3g}'):>10} {len(rows):>6}  "
+            f"{', '.join(f'{k} {v}' for k, v in sorted(statuses.items())):<22} "
+            f"{_fmt(mean):>9} {_fmt(low):>8} {_fmt(exact and 100 * exact, '{:.0f}%'):>6} "
+            f"{_fmt(near and 100 * near, '{:.0f}%'):>6}"
+        )
+    return "\n".join(lines)
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def build_report(run_dir: Path) -> Path:
+    """Write the plots and ``report.html`` (all images inline, opens offline) for a run."""
+    records = read_jsonl(run_dir / "audit.jsonl")
+    rounds = read_jsonl(run_dir / "rounds.jsonl")
+    data = (
+        json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").is_file() else {}
+    )
+    plots_dir = run_dir / "plots"
+    plots_dir.mkdir(exist_ok=True)
+    scored = [r for r in records if r.get("psnr_mean") is not None]
+    figures = []
+    if scored:
+        figures = [
+            (
+                "Leakage per round and client",
+                leakage_per_round(scored, plots_dir / "leakage_rounds.png"),
+            ),
+            ("Leakage per defence", leakage_per_defence(scored, plots_dir / "leakage_defence.png")),
+            ("Epsilon against leakage", epsilon_vs_leakage(scored, plots_dir / "epsilon.png")),
+        ]
+    if (run_dir / "accuracy.png").is_file():
+        figures.append(("Global model", run_dir / "accuracy.png"))
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>fl-sim leakage audit</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:right}img{max-width:100%}pre{background:#f6f6f6;padding:1em}</style>",
+        "</head><body>",
+        f"<h1>Leakage audit: {html.escape(run_dir.name)}</h1>",
+        f"<p>Data: {html.escape(str(data.get('source', 'unknown')))}. Rounds: "
+        f"{max((r['round'] for r in rounds), default=0)}. Final test accuracy: "
+        f"{_fmt(rounds[-1]['test_accuracy'] if rounds else None, '{:.3f}')}. "
+        "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the client's batch.</p>",
+        f"<h2>Summary per client</h2><pre>{html.escape(summary_table(records))}</pre>",
+    ]
+    for title, path in figures:
+        parts.append(f"<h2>{html.escape(title)}</h2>{_img(path, title)}")
+    parts.append(
+        "<h2>Every reconstruction</h2><table><tr><th>round</th><th>client</th>"
+        "<th>defence</th><th>epsilon</th><th>status</th><th>B / B_hat</th>"
+        "<th>PSNR mean</th><th>exact</th><th>originals (top) / reconstructions</th></tr>"
+    )
+    for r in sorted(records, key=lambda r: (r["round"], r["client"])):
+        grid = run_dir / r["grid"] if r.get("grid") else None
+        cell = (
+            _img(grid, f"round {r['round']} client {r['client']}")
+            if grid and grid.is_file()
+            else html.escape(str(r.get("reason") or ""))
+        )
+        parts.append(
+            f"<tr><td>{r['round']}</td><td>{r['client']}</td><td>{html.escape(r['defence'])}</td>"
+            f"<td>{_fmt(r.get('epsilon'), '{:.3g}')}</td><td>{html.escape(r['status'])}</td>"
+            f"<td>{r.get('batch_size')} / {_fmt(r.get('batch_size_estimated'), '{}')}</td>"
+            f"<td>{_fmt(r.get('psnr_mean'))}</td>"
+            f"<td>{_fmt(r.get('share_exact') and 100 * r['share_exact'], '{:.0f}%')}</td>"
+            f"<td style='text-align:left'>{cell}</td></tr>"
+        )
+    parts.append("</table></body></html>")
+    out = run_dir / REPORT_FILE
+    out.write_text("\n".join(parts))
+    return out

@@ -1,0 +1,91 @@
+"""Leakage plots from audit records."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _label(rows: list[dict[str, Any]]) -> str:
+    return f"client {rows[0]['client']} ({rows[0]['defence']})"
+
+
+def leakage_per_round(records: list[dict[str, Any]], path: Path) -> Path:
+    """PSNR mean and share of exact samples per round, one line per client."""
+    by_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_client[r["client"]].append(r)
+    fig, (psnr_ax, exact_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for client in sorted(by_client):
+        rows = sorted(by_client[client], key=lambda r: r["round"])
+        rounds = [r["round"] for r in rows]
+        psnr_ax.plot(rounds, [r["psnr_mean"] or 0.0 for r in rows], "o-", label=_label(rows))
+        exact_ax.plot(rounds, [100 * (r["share_exact"] or 0.0) for r in rows], "o-")
+    psnr_ax.axhline(100, color="gray", linestyle=":")
+    psnr_ax.set(xlabel="round", ylabel="PSNR mean (dB)", title="reconstruction quality")
+    exact_ax.set(
+        xlabel="round", ylabel="samples exact (%)", title="share exact (>= 100 dB)", ylim=(-5, 105)
+    )
+    psnr_ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def leakage_per_defence(records: list[dict[str, Any]], path: Path) -> Path:
+    """Mean share exact and near-exact per defence, over all its clients and rounds."""
+    by_defence: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_defence[r["defence"]].append(r)
+    names = sorted(by_defence)
+    exact = [
+        100 * sum(r["share_exact"] or 0 for r in by_defence[d]) / len(by_defence[d]) for d in names
+    ]
+    near = [
+        100 * sum(r["share_near_exact"] or 0 for r in by_defence[d]) / len(by_defence[d])
+        for d in names
+    ]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], exact, width=0.4, label="exact (>= 100 dB)")
+    ax.bar([x + 0.2 for x in xs], near, width=0.4, label="near-exact (>= 40 dB)")
+    ax.set_xticks(list(xs), names)
+    ax.set(ylabel="samples (%)", ylim=(0, 105), title="leakage per defence")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def epsilon_vs_leakage(records: list[dict[str, Any]], path: Path) -> Path:
+    """PSNR mean against epsilon for DP clients (finite epsilon only)."""
+    dp = [r for r in records if r.get("epsilon") is not None and r["epsilon"] != float("inf")]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for client in sorted({r["client"] for r in dp}):
+        rows = [r for r in dp if r["client"] == client]
+        ax.scatter(
+            [r["epsilon"] for r in rows],
+            [r["psnr_mean"] or 0.0 for r in rows],
+            label=f"client {client}",
+        )
+    ax.set_xscale("log")
+    ax.axhline(40, color="gray", linestyle=":")
+    ax.set(
+        xlabel="epsilon (accumulated, RDP)",
+        ylabel="PSNR mean (dB)",
+        title="privacy budget against leakage",
+    )
+    if dp:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

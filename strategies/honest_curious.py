@@ -1,0 +1,107 @@
+"""The honest-but-curious server: aggregates exactly as the strategy it wraps, and hands every
+client update to an attack on the side."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from strategies.interception import InterceptedUpdate, intercept
+
+log = logging.getLogger(__name__)
+
+UpdateSink = Callable[[InterceptedUpdate], None]
+
+
+class HonestButCurious(Strategy):
+    """Wrap ``strategy``: same messages out, same aggregation in, every reply seen first.
+
+    Like Flower's DP wrappers it remembers the global arrays in :meth:`configure_train`, reads
+    the replies in :meth:`aggregate_train`, and delegates everything else.
+
+    Parameters
+    ----------
+    strategy
+        Any ``flwr.serverapp.strategy`` strategy.
+    sink
+        Receives each reply reduced to the attacked layer; it must return quickly (attacks run
+        elsewhere). An exception in it is logged and never reaches the federation.
+    layer
+        ArrayRecord keys of the attacked layer's weight and bias (e.g. ``("1.weight",
+        "1.bias")``).
+    attack_round
+        Which rounds to intercept (default: all).
+
+    Notes
+    -----
+    A reply that cannot be read (no arrays, wrong shapes, NaN) is reported to the sink and
+    left out of aggregation, where it would otherwise stop the run or poison the model; all
+    other replies reach the wrapped strategy untouched.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        sink: UpdateSink,
+        layer: tuple[str, str],
+        attack_round: Callable[[int], bool] = lambda r: True,
+    ) -> None:
+        self.strategy = strategy
+        self.sink = sink
+        self.layer = layer
+        self.attack_round = attack_round
+        self._sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Remember the attacked layer as sent, then delegate."""
+        w_key, b_key = self.layer
+        self._sent = {server_round: (arrays[w_key].numpy().copy(), arrays[b_key].numpy().copy())}
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Hand each reply to the sink, then aggregate the readable ones as the wrapped does."""
+        replies = list(replies)
+        keep = []
+        for msg in replies:
+            update = intercept(msg, server_round, self.layer, self._sent[server_round])
+            if update.problem is None or msg.has_error():
+                keep.append(msg)
+            else:
+                log.warning(
+                    "round %d: reply from node %d left out of aggregation: %s",
+                    server_round,
+                    update.node_id,
+                    update.problem,
+                )
+            if self.attack_round(server_round) or update.problem:
+                try:
+                    self.sink(update)
+                except Exception:  # the federation goes on whatever the attack side does
+                    log.exception("the update sink failed on round %d", server_round)
+        return self.strategy.aggregate_train(server_round, keep)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Delegate."""
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Delegate."""
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        """Delegate, saying that replies are intercepted."""
+        log.info("HonestButCurious: intercepting layer %s of every reply", self.layer)
+        self.strategy.summary()

@@ -1,0 +1,133 @@
+"""The audit end to end, and its failure paths: refused, crashed and unfinished attacks."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, Auditor
+from fl_sim.audit.job import AttackJob
+from fl_sim.config import AuditSpec, parse_scenario
+from fl_sim.data.federated import federated_data
+from fl_sim.report import build_report
+from fl_sim.run import run_scenario
+from strategies import InterceptedUpdate
+
+REQUIRED = {"round", "client", "defence", "status", "batch_size", "epsilon", *METRIC_KEYS}
+
+MUST_SHOW: dict[str, Any] = {
+    "name": "must-show",
+    "rounds": 3,
+    "data": {"source": "photos", "samples_per_client": 40, "test_size": 100},
+    "model": {"width": 200, "depth": 6},
+    "clients": {
+        "count": 4,
+        "batch_size": 20,
+        "lr": 0.1,
+        "1": {"defence": "fedavg", "epochs": 3, "mini_batch": 5},
+        "2": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1e-4},
+        "3": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1.0},
+    },
+    "audit": {"starts": 2000, "steps": 1000, "max_passes": 4, "time_budget_s": 5.0},
+}
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / AUDIT_FILE).read_text().splitlines()]
+
+
+def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> None:
+    run_dir = run_scenario(parse_scenario(MUST_SHOW), MUST_SHOW, tmp_path / "run")
+    records = _records(run_dir)
+    assert sorted((r["round"], r["client"]) for r in records) == [
+        (r, c) for r in (1, 2, 3) for c in range(4)
+    ]
+    assert all(set(r) >= REQUIRED for r in records)
+    undefended = [r for r in records if r["client"] == 0]
+    assert all(r["status"] == "exact" and r["share_exact"] == 1.0 for r in undefended)
+    assert all(r["psnr_min"] >= 100 for r in undefended)
+    strong_dp = [r for r in records if r["client"] == 3]
+    assert all(r["share_near_exact"] == 0.0 for r in strong_dp)
+    assert all(r["epsilon"] > 0 for r in strong_dp)
+    report = (run_dir / "report.html").read_text()
+    assert report.count("data:image/png;base64,") >= 4 + 12
+    assert "exact 3" in report  # the summary table's status count for client 0
+
+
+def test_audit_does_not_change_the_global_model(tmp_path: Path) -> None:
+    raw: dict[str, Any] = {
+        "rounds": 2,
+        "data": {"source": "photos", "samples_per_client": 20, "test_size": 40},
+        "model": {"width": 24, "depth": 3},
+        "clients": {"count": 2, "batch_size": 8, "1": {"defence": "fedavg", "mini_batch": 4}},
+        "audit": {"starts": 100, "steps": 100, "max_passes": 1},
+    }
+    on = run_scenario(parse_scenario(raw), raw, tmp_path / "on")
+    off_raw = {**raw, "audit": {"enabled": False}}
+    off = run_scenario(parse_scenario(off_raw), off_raw, tmp_path / "off")
+    a, b = torch.load(on / "global_model.pt"), torch.load(off / "global_model.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert len(_records(on)) == 4 and not (off / AUDIT_FILE).exists()
+
+
+def _update(server_round: int, client: int, m: int = 20, n: int = 3072) -> InterceptedUpdate:
+    rng = np.random.default_rng(client)
+    w = rng.standard_normal((m, n))
+    return InterceptedUpdate(
+        server_round=server_round,
+        node_id=100 + client,
+        declared={"partition-id": client, "defence": "fedsgd", "lr": 0.1, "steps": 1},
+        sent_weight=w,
+        sent_bias=np.zeros(m),
+        weight=w - 0.01 * rng.standard_normal((m, n)),
+        bias=rng.standard_normal(m),
+        audit={"sample-ids": [0, 1, 2]},
+    )
+
+
+class _BrokenJobs(Auditor):
+    """An auditor whose jobs crash inside the attack (a batch size that is not a number)."""
+
+    def _job(self, update: InterceptedUpdate, base: Any) -> tuple[AttackJob, dict[str, str]]:
+        job, knowledge = super()._job(update, base)
+        return replace(job, batch_size="three"), knowledge  # type: ignore[arg-type]
+
+
+def _data() -> Any:
+    scenario = parse_scenario(
+        {
+            "data": {"source": "photos", "samples_per_client": 10, "test_size": 10},
+            "clients": {"count": 1, "batch_size": 3},
+        }
+    )
+    return federated_data(scenario.data, 1, 0)
+
+
+def test_refused_crashed_and_unfinished_attacks_are_recorded(tmp_path: Path) -> None:
+    auditor = _BrokenJobs(AuditSpec(wait_s=30), _data(), tmp_path, 0)
+    auditor(_update(1, 0))  # crashes in the worker
+    bad = replace(_update(1, 1), problem="reply lacks arrays ['1.weight']")
+    auditor(bad)  # rejected at once, never attacked
+    assert any(r["status"] == "rejected" for r in _records(tmp_path))  # written before finish()
+    auditor.finish()
+    slow = Auditor(
+        AuditSpec(wait_s=0.01, starts=5000, steps=5000, max_passes=8), _data(), tmp_path, 0
+    )
+    started = time.monotonic()
+    slow(_update(2, 0, m=400))  # a full-rank 400 x 3072 update: refused quickly, or slow
+    slow.finish()
+    assert time.monotonic() - started < 60
+    records = {(r["round"], r["client"]): r for r in _records(tmp_path)}
+    assert records[(1, 0)]["status"] == "error" and "TypeError" in records[(1, 0)]["reason"]
+    assert records[(1, 1)]["status"] == "rejected"
+    assert records[(2, 0)]["status"] in ("timeout", "refused")
+    assert all(set(r) >= REQUIRED for r in records.values())
+    build_report_dir = tmp_path
+    (build_report_dir / "rounds.jsonl").write_text("")
+    assert build_report(build_report_dir).is_file()

@@ -1,0 +1,128 @@
+"""The report: summary table, and the HTML opened in headless Chromium with every image loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fl_sim.audit.grid import save_grid
+from fl_sim.report import build_report, summary_table
+from fl_sim.run import plot_accuracy
+
+
+def _run_dir(root: Path) -> Path:
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    rounds = [
+        {"round": r, "test_loss": 2.3 - 0.1 * r, "test_accuracy": 0.1 + 0.05 * r} for r in range(3)
+    ]
+    (root / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    (root / "data.json").write_text(json.dumps({"source": "photos:scikit-image"}))
+    plot_accuracy(root)
+    records = []
+    for r in (1, 2):
+        for c, (defence, eps, psnr) in enumerate([("fedsgd", None, 150.0), ("dp", 3.2 * r, 12.0)]):
+            truth = rng.random((4, 3, 32, 32))
+            rec = truth if psnr > 100 else rng.random((4, 3, 32, 32))
+            grid = f"grids/r{r:03d}-c{c:03d}.png"
+            save_grid(truth, rec, root / grid)
+            records.append(
+                {
+                    "round": r,
+                    "client": c,
+                    "defence": defence,
+                    "status": "exact" if psnr > 100 else "partial",
+                    "batch_size": 4,
+                    "batch_size_estimated": 4,
+                    "psnr_mean": psnr,
+                    "psnr_min": psnr,
+                    "share_exact": float(psnr > 100),
+                    "share_near_exact": float(psnr > 40),
+                    "ssim_mean": 1.0,
+                    "epsilon": eps,
+                    "seconds": 1.0,
+                    "grid": grid,
+                }
+            )
+    records.append(
+        {
+            "round": 2,
+            "client": 2,
+            "defence": "fedavg",
+            "status": "rejected",
+            "reason": "reply lacks arrays",
+            "batch_size": 4,
+            "epsilon": None,
+            "psnr_mean": None,
+            "psnr_min": None,
+            "share_exact": None,
+            "share_near_exact": None,
+            "ssim_mean": None,
+            "seconds": None,
+            "batch_size_estimated": None,
+        }
+    )
+    (root / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return root
+
+
+def test_summary_table_per_client(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run")
+    records = [json.loads(x) for x in (run / "audit.jsonl").read_text().splitlines()]
+    table = summary_table(records).splitlines()
+    assert table[2].split()[:4] == ["0", "fedsgd", "-", "2"] and "100%" in table[2]
+    assert table[3].split()[:3] == ["1", "dp", "6.4"]
+    assert "rejected 1" in table[4]
+
+
+def test_report_opens_offline_with_every_image(tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium is not installed")
+    run = _run_dir(tmp_path / "run")
+    report = build_report(run)
+    html = report.read_text()
+    assert 'src="http' not in html and "<script" not in html  # self-contained, offline
+    expected = html.count("<img ")
+    probe = run / "probe.html"
+    probe.write_text(
+        "<html><head><title>pending</title></head><body>"
+        "<iframe id='f' src='report.html' onload=\"const d=document.getElementById('f')"
+        ".contentDocument;const im=[...d.images];document.title=im.length+':'+"
+        'im.filter(i=>i.complete&&i.naturalWidth>0).length"></iframe></body></html>'
+    )
+    out = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--allow-file-access-from-files",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    title = re.search(r"<title>(.*?)</title>", out.stdout)
+    assert title is not None, out.stderr[-2000:]
+    total, loaded = (int(x) for x in title.group(1).split(":"))
+    assert total == expected >= 4 + 4  # plots (3 + accuracy) and one grid per scored record
+    assert loaded == total
