@@ -23,6 +23,11 @@ def _bench_attack(args: argparse.Namespace) -> int:
         cases = tuple(c for c in cases if any(s in c.name for s in args.only))
         if not cases:
             raise SystemExit(f"--only {args.only}: no case of preset {args.preset!r} matches")
+    if args.time_budget is not None:
+        cases = tuple(
+            AttackCase(**{**c.__dict__, "attack": c.attack.replace(time_budget_s=args.time_budget)})
+            for c in cases
+        )
     if args.seeds is not None:
         seeds = tuple(int(s) for s in args.seeds.split(","))
         cases = tuple(AttackCase(**{**c.__dict__, "seeds": seeds}) for c in cases)
@@ -109,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("float64", "float32"),
         default="float64",
         help="precision of the client's model and gradient",
+    )
+    attack.add_argument(
+        "--time-budget",
+        type=float,
+        help="seconds per reconstruction after which no new pass starts",
     )
     attack.add_argument("--out", help="results folder (default: bench/runs/attack-PRESET-TIME)")
     attack.set_defaults(func=_bench_attack)

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from fl_sim.apps.client import make_client_app
-from fl_sim.apps.recorder import ROUNDS_FILE
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.report import build_report
+from fl_sim.report.plots import plot_accuracy
 
 log = logging.getLogger(__name__)
 
@@ -99,29 +99,3 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
         logging.getLogger().removeHandler(handler)
         handler.close()
     return run_dir
-
-
-def plot_accuracy(run_dir: Path) -> Path:
-    """``accuracy.png``: the global model's test accuracy and loss per round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in (run_dir / ROUNDS_FILE).read_text().splitlines()]
-    rounds = [r["round"] for r in rows]
-    fig, acc_ax = plt.subplots(figsize=(6, 3.5))
-    acc_ax.plot(rounds, [r["test_accuracy"] for r in rows], "o-", color="tab:blue")
-    acc_ax.set_xlabel("round")
-    acc_ax.set_ylabel("test accuracy", color="tab:blue")
-    acc_ax.axhline(0.1, color="gray", linestyle=":", label="chance (10 classes)")
-    loss_ax = acc_ax.twinx()
-    loss_ax.plot(rounds, [r["test_loss"] for r in rows], "s--", color="tab:red")
-    loss_ax.set_ylabel("test loss", color="tab:red")
-    acc_ax.legend(loc="lower right")
-    fig.suptitle("global model on the held-out split")
-    fig.tight_layout()
-    path = run_dir / "accuracy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -14,7 +14,7 @@ import pytest
 
 from fl_sim.audit.grid import save_grid
 from fl_sim.report import build_report, summary_table
-from fl_sim.run import plot_accuracy
+from fl_sim.report.plots import plot_accuracy
 
 
 def _run_dir(root: Path) -> Path:

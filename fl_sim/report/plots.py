@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+# Figures are made without pyplot: no GUI backend, no global state, nothing to close.
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
 
 
 def _label(rows: list[dict[str, Any]]) -> str:
@@ -21,7 +27,8 @@ def leakage_per_round(records: list[dict[str, Any]], path: Path) -> Path:
     by_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_client[r["client"]].append(r)
-    fig, (psnr_ax, exact_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8))
+    (psnr_ax, exact_ax) = fig.subplots(1, 2)
     for client in sorted(by_client):
         rows = sorted(by_client[client], key=lambda r: r["round"])
         rounds = [r["round"] for r in rows]
@@ -33,10 +40,7 @@ def leakage_per_round(records: list[dict[str, Any]], path: Path) -> Path:
         xlabel="round", ylabel="samples exact (%)", title="share exact (>= 100 dB)", ylim=(-5, 105)
     )
     psnr_ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def leakage_per_defence(records: list[dict[str, Any]], path: Path) -> Path:
@@ -52,23 +56,22 @@ def leakage_per_defence(records: list[dict[str, Any]], path: Path) -> Path:
         100 * sum(r["share_near_exact"] or 0 for r in by_defence[d]) / len(by_defence[d])
         for d in names
     ]
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig = Figure(figsize=(6, 3.8))
+    ax = fig.subplots()
     xs = range(len(names))
     ax.bar([x - 0.2 for x in xs], exact, width=0.4, label="exact (>= 100 dB)")
     ax.bar([x + 0.2 for x in xs], near, width=0.4, label="near-exact (>= 40 dB)")
     ax.set_xticks(list(xs), names)
     ax.set(ylabel="samples (%)", ylim=(0, 105), title="leakage per defence")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def epsilon_vs_leakage(records: list[dict[str, Any]], path: Path) -> Path:
     """PSNR mean against epsilon for DP clients (finite epsilon only)."""
     dp = [r for r in records if r.get("epsilon") is not None and r["epsilon"] != float("inf")]
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig = Figure(figsize=(6, 3.8))
+    ax = fig.subplots()
     for client in sorted({r["client"] for r in dp}):
         rows = [r for r in dp if r["client"] == client]
         ax.scatter(
@@ -85,7 +88,22 @@ def epsilon_vs_leakage(records: list[dict[str, Any]], path: Path) -> Path:
     )
     if dp:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def plot_accuracy(run_dir: Path) -> Path:
+    """``accuracy.png``: the global model's test accuracy and loss per round."""
+    rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    rounds = [r["round"] for r in rows]
+    fig = Figure(figsize=(6, 3.5))
+    acc_ax = fig.subplots()
+    acc_ax.plot(rounds, [r["test_accuracy"] for r in rows], "o-", color="tab:blue")
+    acc_ax.set_xlabel("round")
+    acc_ax.set_ylabel("test accuracy", color="tab:blue")
+    acc_ax.axhline(0.1, color="gray", linestyle=":", label="chance (10 classes)")
+    loss_ax = acc_ax.twinx()
+    loss_ax.plot(rounds, [r["test_loss"] for r in rows], "s--", color="tab:red")
+    loss_ax.set_ylabel("test loss", color="tab:red")
+    acc_ax.legend(loc="lower right")
+    fig.suptitle("global model on the held-out split")
+    return _save(fig, run_dir / "accuracy.png")
