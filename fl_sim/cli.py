@@ -71,6 +71,21 @@ def _print_summary(run_dir: Path) -> None:
     print(f"\nrun directory: {run_dir}  (report: {run_dir / REPORT_FILE})")
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from fl_sim.audit.reaudit import reaudit
+    from fl_sim.report import build_report
+
+    run_dir = Path(args.run_dir)
+    try:
+        queued = reaudit(run_dir, redo=args.redo)
+    except FileNotFoundError as err:
+        raise SystemExit(f"fl-sim audit: {err}") from None
+    print(f"{queued} updates attacked")
+    build_report(run_dir)
+    _print_summary(run_dir)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from fl_sim.report import build_report
 
@@ -97,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", help="run directory (default: runs/NAME-TIME); never overwritten")
     run.set_defaults(func=_run)
+    audit = sub.add_parser(
+        "audit", help="resume (or --redo) the audit of a run from its stored updates"
+    )
+    audit.add_argument("run_dir")
+    audit.add_argument("--redo", action="store_true", help="attack every stored update again")
+    audit.set_defaults(func=_audit)
     report = sub.add_parser("report", help="(re)build the report of a run directory")
     report.add_argument("run_dir")
     report.set_defaults(func=_report)

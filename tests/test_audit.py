@@ -13,6 +13,7 @@ import torch
 
 from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, Auditor
 from fl_sim.audit.job import AttackJob
+from fl_sim.audit.reaudit import reaudit
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.report import build_report
@@ -131,3 +132,26 @@ def test_refused_crashed_and_unfinished_attacks_are_recorded(tmp_path: Path) -> 
     build_report_dir = tmp_path
     (build_report_dir / "rounds.jsonl").write_text("")
     assert build_report(build_report_dir).is_file()
+
+
+def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
+    raw: dict[str, Any] = {
+        "rounds": 2,
+        "data": {"source": "photos", "samples_per_client": 20, "test_size": 40},
+        "model": {"width": 60, "depth": 3},
+        "clients": {"count": 2, "batch_size": 6},
+        "audit": {"starts": 500, "steps": 500, "max_passes": 2, "keep_updates": True},
+    }
+    run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
+    complete = _records(run_dir)
+    assert len(complete) == 4 and len(list((run_dir / "updates").glob("*.npz"))) == 4
+    # An interruption after the first two records: the rest are lost, those two kept.
+    lines = (run_dir / AUDIT_FILE).read_text().splitlines(keepends=True)
+    (run_dir / AUDIT_FILE).write_text("".join(lines[:2]))
+    assert reaudit(run_dir) == 2
+    resumed = _records(run_dir)
+    assert sorted((r["round"], r["client"]) for r in resumed) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    by_key = {(r["round"], r["client"]): r["psnr_mean"] for r in complete}
+    assert all(r["psnr_mean"] == by_key[(r["round"], r["client"])] for r in resumed)
+    assert reaudit(run_dir, redo=True) == 4
+    assert len(_records(run_dir)) == 4 and len(list(run_dir.glob("audit-*.jsonl"))) == 1

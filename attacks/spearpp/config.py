@@ -8,12 +8,12 @@ from typing import Any, Literal
 
 Surrogate = Literal["l1", "logcosh", "l4"]
 Optimiser = Literal["radam", "pgd"]
-Refinement = Literal["kernel", "sampling", "none"]
+Refinement = Literal["auto", "kernel", "sampling", "none"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "surrogate": ("l1", "logcosh", "l4"),
     "optimiser": ("radam", "pgd"),
-    "refine": ("kernel", "sampling", "none"),
+    "refine": ("auto", "kernel", "sampling", "none"),
     "search_dtype": ("float32", "float64"),
 }
 
@@ -41,8 +41,9 @@ class SpearConfig:
     refine
         How a converged start becomes an exact direction: ``kernel`` (the null direction of its
         smallest rows, checked to be one column and not a mix), ``sampling`` (the paper's rounding:
-        kernels of random row subsets), or ``none`` (keep the optimiser's point, as the paper does
-        for l1).
+        kernels of random row subsets, then the same check), ``none`` (keep the optimiser's
+        point, as the paper does for l1), or ``auto``: ``kernel`` for l1, ``sampling`` for the
+        smooth surrogates, whose minima are only near-sparse.
     rounding_samples
         Row subsets tried per candidate by ``sampling``.
     logcosh_mu
@@ -81,7 +82,7 @@ class SpearConfig:
     lr_final: float = 0.001
     max_passes: int = 8
     time_budget_s: float | None = None
-    refine: Refinement = "kernel"
+    refine: Refinement = "auto"
     rounding_samples: int = 50
     logcosh_mu: float = 0.02
     harvest_every: int = 100
@@ -122,6 +123,13 @@ class SpearConfig:
             raise ValueError(
                 f"SpearConfig.device={self.device!r}: allowed are auto, cpu, cuda, cuda:N"
             )
+
+    @property
+    def refinement(self) -> str:
+        """The refinement in effect (``auto`` resolved by surrogate)."""
+        if self.refine != "auto":
+            return self.refine
+        return "kernel" if self.surrogate == "l1" else "sampling"
 
     def replace(self, **changes: Any) -> SpearConfig:
         """A copy with ``changes`` applied (validated again)."""

@@ -76,8 +76,8 @@ class _Harvester:
         self.clock, self.generator, self.config = clock, generator, config
         self.rows = min(pin_rows(left.shape[1]), left.shape[0])
         # Mixes are split only at the end of a pass: mid-search most are points still moving.
-        self.midway = refiner(config.refine, config.rounding_samples, split=False)
-        self.final = refiner(config.refine, config.rounding_samples, config.split_mixtures)
+        self.midway = refiner(config.refinement, config.rounding_samples, split=False)
+        self.final = refiner(config.refinement, config.rounding_samples, config.split_mixtures)
         self.proposed = 0
 
     def __call__(self, points: torch.Tensor, final: bool = False) -> torch.Tensor:
@@ -130,6 +130,7 @@ def run_spearpp(
     b, m = fac.batch_size, obs.width
     settings = {
         **config.as_dict(),
+        "refinement": config.refinement,
         "device_used": str(device),
         "declared_batch_size": batch_size,
         "declared_noise_std": noise_std,

@@ -6,6 +6,7 @@ Ground truth (which samples a client trained on) enters only here, after the att
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import multiprocessing
@@ -31,6 +32,7 @@ from strategies import InterceptedUpdate, update_as_gradient
 log = logging.getLogger(__name__)
 
 AUDIT_FILE = "audit.jsonl"
+UPDATES_DIR = "updates"
 # Every record carries these (None where no reconstruction was scored).
 METRIC_KEYS = (
     "batch_size_estimated", "psnr_mean", "psnr_min", "share_exact", "share_near_exact",
@@ -48,6 +50,49 @@ def attack_config(spec: AuditSpec, seed: int) -> SpearConfig:
         time_budget_s=spec.time_budget_s,
         seed=seed,
     )
+
+
+def _name(base: Mapping[str, Any], suffix: str) -> str:
+    return f"r{base['round']:03d}-c{base['client']:03d}{suffix}"
+
+
+def save_update(update: InterceptedUpdate, path: Path) -> None:
+    """Store an intercepted update (arrays as received, declarations as JSON)."""
+    assert update.weight is not None and update.bias is not None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        path,
+        sent_weight=update.sent_weight,
+        sent_bias=update.sent_bias,
+        weight=update.weight,
+        bias=update.bias,
+        meta=np.asarray(
+            json.dumps(
+                {
+                    "server_round": update.server_round,
+                    "node_id": update.node_id,
+                    "declared": dict(update.declared),
+                    "audit": dict(update.audit),
+                }
+            )
+        ),
+    )
+
+
+def load_update(path: Path) -> InterceptedUpdate:
+    """Inverse of :func:`save_update`."""
+    with np.load(path) as f:
+        meta = json.loads(str(f["meta"]))
+        return InterceptedUpdate(
+            server_round=meta["server_round"],
+            node_id=meta["node_id"],
+            declared=meta["declared"],
+            sent_weight=f["sent_weight"],
+            sent_bias=f["sent_bias"],
+            weight=f["weight"],
+            bias=f["bias"],
+            audit=meta["audit"],
+        )
 
 
 def rounding_noise(received: np.ndarray, lr: float) -> float:
@@ -92,6 +137,8 @@ class Auditor:
     def __call__(self, update: InterceptedUpdate) -> None:
         """File an update: rejected at once if unusable, else queued for attack."""
         base = self._base(update)
+        if self.spec.keep_updates and update.problem is None:
+            save_update(update, self.run_dir / UPDATES_DIR / _name(base, ".npz"))
         if update.problem is not None:
             self._write({**base, "status": "rejected", "reason": update.problem})
             return
@@ -229,7 +276,7 @@ class Auditor:
             matched = np.zeros_like(truth.numpy())
             ok = quality.match >= 0
             matched[ok] = rec.numpy()[quality.match[ok]]
-            name = f"r{base['round']:03d}-c{base['client']:03d}.png"
+            name = _name(base, ".png")
             save_grid(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
             record["grid"] = f"{GRID_DIR}/{name}"
         self._write(record)

@@ -101,6 +101,9 @@ class AuditSpec:
         as timed out.
     grids
         Save an image grid (originals over reconstructions) per record.
+    keep_updates
+        Save every intercepted update under ``updates/`` so ``fl-sim audit RUN_DIR`` can resume
+        an interrupted audit or redo it (about 4.7 MB per client and round at m = 200).
     """
 
     enabled: bool = True
@@ -115,6 +118,7 @@ class AuditSpec:
     workers: int = 1
     wait_s: float = 600.0
     grids: bool = True
+    keep_updates: bool = False
 
 
 @dataclass(frozen=True)
