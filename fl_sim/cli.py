@@ -12,13 +12,56 @@ from pathlib import Path
 
 import torch
 
+from attacks import SpearConfig, paper_config
+from clients import LocalTraining
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import PRESETS, AttackCase
 from fl_sim.data.cifar10 import load_cifar10
 
 
+def _custom_case(args: argparse.Namespace) -> AttackCase:
+    """One case from the command line's --batch-size, --width, ... options."""
+    try:
+        training = LocalTraining(
+            defence=args.defence,
+            lr=args.lr,
+            epochs=args.epochs if args.defence != "fedsgd" else 1,
+            mini_batch=args.mini_batch if args.defence != "fedsgd" else None,
+            clip=args.clip,
+            noise_multiplier=args.sigma,
+        )
+        attack = SpearConfig(
+            surrogate=args.surrogate,
+            optimiser=args.optimiser,
+            starts=args.starts,
+            steps=args.steps,
+            max_passes=args.max_passes,
+        )
+        if args.method == "paper":
+            attack = paper_config(args.surrogate, args.optimiser).replace(
+                starts=args.starts, steps=args.steps
+            )
+    except ValueError as err:
+        raise SystemExit(f"fl-sim bench attack: {err}") from None
+    name = (
+        f"{args.surrogate} {args.optimiser} {args.defence} B={args.batch_size} "
+        f"m={args.width} depth={args.depth}" + (" [paper method]" if args.method == "paper" else "")
+    )
+    return AttackCase(
+        name,
+        args.batch_size,
+        args.width,
+        args.depth,
+        training=training,
+        attack=attack,
+        knows_batch_size=args.knows_batch_size,
+    )
+
+
 def _bench_attack(args: argparse.Namespace) -> int:
-    cases: tuple[AttackCase, ...] = PRESETS[args.preset]
+    cases: tuple[AttackCase, ...] = (
+        (_custom_case(args),) if args.batch_size is not None else PRESETS[args.preset]
+    )
     if args.only:
         cases = tuple(c for c in cases if any(s in c.name for s in args.only))
         if not cases:
@@ -125,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack = bench.add_parser("attack", help="SPEAR++ on client updates of real CIFAR-10 images")
     attack.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     attack.add_argument("--only", nargs="*", help="keep cases whose name contains one of these")
-    attack.add_argument("--seeds", help="comma-separated seeds, overriding the preset's")
+    attack.add_argument("--seeds", help="comma-separated seeds (default: the preset's, or 0)")
     attack.add_argument(
         "--data", required=True, help="CIFAR-10: .npz or folder (torchvision layout)"
     )
@@ -136,6 +179,25 @@ def build_parser() -> argparse.ArgumentParser:
         default="float64",
         help="precision of the client's model and gradient",
     )
+    custom = attack.add_argument_group(
+        "a custom case (instead of a preset, when --batch-size is given)"
+    )
+    custom.add_argument("--batch-size", type=int, help="B")
+    custom.add_argument("--width", type=int, default=200, help="m")
+    custom.add_argument("--depth", type=int, default=6)
+    custom.add_argument("--surrogate", choices=("l1", "logcosh", "l4"), default="l1")
+    custom.add_argument("--optimiser", choices=("radam", "pgd"), default="radam")
+    custom.add_argument("--method", choices=("fl-sim", "paper"), default="fl-sim")
+    custom.add_argument("--starts", type=int, default=2000)
+    custom.add_argument("--steps", type=int, default=1000)
+    custom.add_argument("--max-passes", type=int, default=8)
+    custom.add_argument("--defence", choices=("fedsgd", "fedavg", "dp"), default="fedsgd")
+    custom.add_argument("--lr", type=float, default=0.01)
+    custom.add_argument("--epochs", type=int, default=1)
+    custom.add_argument("--mini-batch", type=int)
+    custom.add_argument("--clip", type=float, default=1.0)
+    custom.add_argument("--sigma", type=float, default=0.0, help="DP noise multiplier")
+    custom.add_argument("--knows-batch-size", action="store_true")
     attack.add_argument(
         "--time-budget",
         type=float,

@@ -39,3 +39,42 @@ def test_bench_writes_rows_and_summary(tmp_path: Path) -> None:
 def test_cli_names_missing_data(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="CIFAR-10 not found"):
         main(["-q", "bench", "attack", "--data", str(tmp_path / "nothing"), "--out", str(tmp_path)])
+
+
+def test_cli_custom_case(tmp_path: Path) -> None:
+    real_images()
+    from tests.helpers import SHARED_NPZ
+
+    main(
+        [
+            "-q",
+            "bench",
+            "attack",
+            "--data",
+            str(SHARED_NPZ),
+            "--out",
+            str(tmp_path),
+            "--batch-size",
+            "5",
+            "--width",
+            "60",
+            "--depth",
+            "3",
+            "--defence",
+            "fedavg",
+            "--epochs",
+            "2",
+            "--mini-batch",
+            "5",
+            "--starts",
+            "200",
+            "--steps",
+            "300",
+            "--seeds",
+            "0,1",
+        ]
+    )
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert rows[0]["case"] == "l1 radam fedavg B=5 m=60 depth=3"
+    assert rows[0]["defence"]["epochs"] == 2

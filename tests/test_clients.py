@@ -93,3 +93,16 @@ def test_dp_noise_has_the_configured_scale() -> None:
 def test_bad_training_settings_are_named(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LocalTraining(**kwargs)  # type: ignore[arg-type]
+
+
+def test_poisson_sampling_draws_random_batch_sizes() -> None:
+    from clients.training import _batches
+
+    draws = _batches(40, 8, 50, torch.Generator().manual_seed(0), poisson=True)
+    sizes = torch.tensor([len(d) for d in draws], dtype=torch.float64)
+    assert len(draws) == 50 * 5 and sizes.std() > 0
+    assert float(sizes.mean()) == pytest.approx(8, rel=0.1)
+    net, x, y = _setup(3, b=10)
+    cfg = LocalTraining("dp", lr=0.1, mini_batch=5, noise_multiplier=1.0, poisson=True)
+    res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(1))
+    assert res.steps == 2 and res.sample_rate == 0.5
