@@ -79,9 +79,19 @@ class _Harvester:
         self.midway = refiner(config.refinement, config.rounding_samples, split=False)
         self.final = refiner(config.refinement, config.rounding_samples, config.split_mixtures)
         self.proposed = 0
+        # Refinement done from inside the search, which the search stage's clock also counts.
+        self.midway_seconds = 0.0
 
     def __call__(self, points: torch.Tensor, final: bool = False) -> torch.Tensor:
         """Refine the converged ``points`` into the pool; the mask of points to keep searching."""
+        before = self.clock.seconds.get("refine", 0.0)
+        try:
+            return self._take(points, final)
+        finally:
+            if not final:
+                self.midway_seconds += self.clock.seconds["refine"] - before
+
+    def _take(self, points: torch.Tensor, final: bool) -> torch.Tensor:
         with self.clock.stage("refine"):
             ratio = _FINAL_RATIO if final else _CONVERGED_RATIO
             ready = _converged(points, self.search_left, self.rows, ratio)
@@ -194,7 +204,7 @@ def run_spearpp(
             time.perf_counter() - started,
         )
     # Harvests inside the search were timed under both stages: report them under refine only.
-    clock.seconds["search"] = clock.seconds.get("search", 0.0) - clock.seconds.get("refine", 0.0)
+    clock.seconds["search"] = clock.seconds.get("search", 0.0) - harvest.midway_seconds
 
     with clock.stage("select"):
         found = len(pool)

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import multiprocessing
+import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ import torch
 from attacks import SpearConfig
 from fl_sim.apps.recorder import append_jsonl
 from fl_sim.audit.grid import save_grid
-from fl_sim.audit.job import AttackJob, AttackOutcome, run_job
+from fl_sim.audit.job import AttackJob, AttackOutcome, run_job, write_arrays
 from fl_sim.audit.metrics import match_and_score
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 AUDIT_FILE = "audit.jsonl"
 UPDATES_DIR = "updates"
+# Job inputs on their way to the attack workers; removed once judged.
+JOBS_DIR = "jobs"
 # Every record carries these (None where no reconstruction was scored).
 METRIC_KEYS = (
     "batch_size_estimated", "psnr_mean", "psnr_min", "share_exact", "share_near_exact",
@@ -178,6 +181,7 @@ class Auditor:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+        shutil.rmtree(self.run_dir / JOBS_DIR, ignore_errors=True)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -232,9 +236,8 @@ class Auditor:
             knowledge["noise"] = "declared" + (" + rounding" if rounding else "")
         elif base["defence"] == "dp":
             knowledge["noise"] = "unknown" + (" + rounding" if rounding else "")
-        job = AttackJob(
-            server_round=base["round"],
-            client=base["client"],
+        arrays = write_arrays(
+            self.run_dir / JOBS_DIR / _name(base, ".npz"),
             grad_weight=update_as_gradient(
                 update.sent_weight.astype(np.float64), update.weight.astype(np.float64), lr
             ),
@@ -243,6 +246,11 @@ class Auditor:
             ),
             weight=update.sent_weight.astype(np.float64),
             bias=update.sent_bias.astype(np.float64),
+        )
+        job = AttackJob(
+            server_round=base["round"],
+            client=base["client"],
+            arrays=arrays,
             batch_size=batch_size,
             noise_std=noise_std or None,
             config=attack_config(
@@ -285,3 +293,4 @@ class Auditor:
         with self._lock:
             append_jsonl(self.run_dir / AUDIT_FILE, record)
             self._pending.pop((record["round"], record["client"]), None)
+            (self.run_dir / JOBS_DIR / _name(record, ".npz")).unlink(missing_ok=True)
