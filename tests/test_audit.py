@@ -35,7 +35,7 @@ MUST_SHOW: dict[str, Any] = {
         "2": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1e-4},
         "3": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1.0},
     },
-    "audit": {"starts": 2000, "steps": 1000, "max_passes": 4, "time_budget_s": 5.0},
+    "audit": {"starts": 2000, "steps": 1000, "max_passes": 10, "time_budget_s": 8.0},
 }
 
 

@@ -75,9 +75,10 @@ class _Harvester:
         self.left, self.search_left, self.rule, self.pool = left, search_left, rule, pool
         self.clock, self.generator, self.config = clock, generator, config
         self.rows = min(pin_rows(left.shape[1]), left.shape[0])
-        # Mixes are split only at the end of a pass: mid-search most are points still moving.
-        self.midway = refiner(config.refinement, config.rounding_samples, split=False)
-        self.final = refiner(config.refinement, config.rounding_samples, config.split_mixtures)
+        # Each distinct mix is split once, whenever it turns up.
+        self.refine = refiner(
+            config.refinement, config.rounding_samples, config.split_mixtures, seen_mixes=set()
+        )
         self.proposed = 0
         # Refinement done from inside the search, which the search stage's clock also counts.
         self.midway_seconds = 0.0
@@ -96,15 +97,14 @@ class _Harvester:
             ratio = _FINAL_RATIO if final else _CONVERGED_RATIO
             ready = _converged(points, self.search_left, self.rows, ratio)
             if ready.any():
-                self.propose(points[ready], final)
+                self.propose(points[ready])
             return ~ready & ~self.pool.near_found(points, self.config.drop_cosine)
 
-    def propose(self, points: torch.Tensor, final: bool = True) -> int:
+    def propose(self, points: torch.Tensor) -> int:
         """Refine and certify ``points``; the number of new columns."""
         self.proposed += int(points.shape[0])
-        refine = self.final if final else self.midway
         return self.pool.add(
-            refine(self.left, points, self.rule, self.generator, self.pool.columns)
+            self.refine(self.left, points, self.rule, self.generator, self.pool.columns)
         )
 
 

@@ -203,6 +203,7 @@ def refine_kernel(
     split: bool,
     generator: torch.Generator,
     known: torch.Tensor,
+    seen_mixes: set[bytes] | None = None,
 ) -> Candidates:
     """Replace each point by the null direction of its smallest rows and certify the new ones.
 
@@ -221,6 +222,8 @@ def refine_kernel(
     known
         Columns already found (unit rows): points that land on them are dropped uncertified,
         since certification is the costly part.
+    seen_mixes
+        Zero sets of mixes split before (kept by the caller across calls): a mix is split once.
     """
     m, b = left.shape
     rows = min(pin_rows(b), m)
@@ -245,9 +248,14 @@ def refine_kernel(
         mixed = pinned & ~one_column
         parts.append(Candidates(v, zeros, verified, mixed))
         if split:
-            found = [bases[i] for i in torch.nonzero(mixed).flatten().tolist()]
-            mixes = [x for x in found if x is not None][:_SPLIT_MAX]
-            parts.append(_split_mixes(left, mixes, rule, generator, known))
+            mixes = []
+            for i in torch.nonzero(mixed).flatten().tolist():
+                key = zero[i].cpu().numpy().tobytes()
+                if bases[i] is not None and (seen_mixes is None or key not in seen_mixes):
+                    mixes.append(bases[i])
+                    if seen_mixes is not None:
+                        seen_mixes.add(key)
+            parts.append(_split_mixes(left, mixes[:_SPLIT_MAX], rule, generator, known))
     return Candidates.concat(parts, b, left.device)
 
 
@@ -332,10 +340,12 @@ Refiner = Callable[
 ]
 
 
-def refiner(name: str, rounding_samples: int, split: bool) -> Refiner:
+def refiner(
+    name: str, rounding_samples: int, split: bool, seen_mixes: set[bytes] | None = None
+) -> Refiner:
     """The refinement called ``name`` (``kernel``, ``sampling`` or ``none``)."""
     table: dict[str, Refiner] = {
-        "kernel": lambda L, p, r, g, k: refine_kernel(L, p, r, split, g, k),
+        "kernel": lambda L, p, r, g, k: refine_kernel(L, p, r, split, g, k, seen_mixes),
         "sampling": lambda L, p, r, g, k: refine_sampling(L, p, r, rounding_samples, g, k),
         "none": lambda L, p, r, g, k: refine_none(L, p),
     }
