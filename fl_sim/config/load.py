@@ -63,9 +63,10 @@ def _table(raw: Mapping[str, Any], prefix: str, spec: Mapping[str, type]) -> dic
     return out
 
 
-def _spec_of(cls: type) -> dict[str, type]:
+def _spec_of(cls: type, exclude: tuple[str, ...] = ()) -> dict[str, type]:
+    """Field name to scalar type of a flat dataclass (annotations are strings here)."""
     kinds = {"str": str, "int": int, "float": float, "bool": bool}
-    return {f.name: kinds[str(f.type)] for f in fields(cls)}
+    return {f.name: kinds[str(f.type)] for f in fields(cls) if f.name not in exclude}
 
 
 def _client_ids(key: str, count: int) -> range:
@@ -163,7 +164,7 @@ _AUDIT_LISTS = ("rounds", "clients")
 
 def _audit(raw: Mapping[str, Any]) -> AuditSpec:
     scalars = {k: v for k, v in raw.items() if k not in _AUDIT_LISTS}
-    out = _table(scalars, "audit.", _spec_of_audit())
+    out = _table(scalars, "audit.", _spec_of(AuditSpec, _AUDIT_LISTS))
     for key in _AUDIT_LISTS:
         if key in raw:
             value = raw[key]
@@ -178,11 +179,6 @@ def _audit(raw: Mapping[str, Any]) -> AuditSpec:
         if getattr(spec, key) <= 0:
             raise ConfigError(f"audit.{key} = {getattr(spec, key)}: must be > 0")
     return spec
-
-
-def _spec_of_audit() -> dict[str, type]:
-    kinds = {"str": str, "int": int, "float": float, "bool": bool}
-    return {f.name: kinds[str(f.type)] for f in fields(AuditSpec) if f.name not in _AUDIT_LISTS}
 
 
 def _check_data(data: DataSpec) -> None:
