@@ -107,6 +107,9 @@ def test_numpy_inputs_are_accepted() -> None:
         ("starts", 0, "must be >= 1"),
         ("lr_final", 1.0, "lr_final=1.0: need 0 < lr_final <= lr"),
         ("device", "tpu", "allowed are auto, cpu, cuda, cuda:N"),
+        ("search", "gauss", "allowed are signs, surrogate"),
+        ("sign_iterations", 0, "must be >= 1"),
+        ("sign_patience", -1, "must be >= 0"),
     ],
 )
 def test_bad_config_is_named(field: str, value: object, message: str) -> None:

@@ -8,6 +8,7 @@ from attacks import SpearConfig, reconstruct
 from tests.helpers import best_match_error, observation
 
 FAST = SpearConfig(starts=500, steps=600)
+SURROGATE = FAST.replace(search="surrogate")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -16,10 +17,21 @@ FAST = SpearConfig(starts=500, steps=600)
     [
         (8, 100, FAST),
         (16, 300, FAST),
-        (12, 200, FAST.replace(optimiser="pgd", lr=0.05)),
-        (12, 200, FAST.replace(surrogate="logcosh", refine="sampling")),
+        (24, 300, FAST),
+        (8, 100, SURROGATE),
+        (16, 300, SURROGATE),
+        (12, 200, SURROGATE.replace(optimiser="pgd", lr=0.05)),
+        (12, 200, SURROGATE.replace(surrogate="logcosh", refine="sampling")),
     ],
-    ids=["l1-radam-B8", "l1-radam-B16", "l1-pgd-B12", "logcosh-sampling-B12"],
+    ids=[
+        "signs-B8",
+        "signs-B16",
+        "signs-B24",
+        "l1-radam-B8",
+        "l1-radam-B16",
+        "l1-pgd-B12",
+        "logcosh-sampling-B12",
+    ],
 )
 def test_exact_recovery(b: int, width: int, config: SpearConfig, seed: int) -> None:
     view, x, _ = observation(b, width, seed)
@@ -34,7 +46,7 @@ def test_exact_recovery(b: int, width: int, config: SpearConfig, seed: int) -> N
 
 def test_neg_l4_runs_and_reports() -> None:
     view, _, _ = observation(8, 100, 0)
-    rec = reconstruct(**view, config=FAST.replace(surrogate="l4", max_passes=1))
+    rec = reconstruct(**view, config=SURROGATE.replace(surrogate="l4", max_passes=1))
     assert rec.status in ("exact", "partial", "failed")
     assert rec.inputs.shape == (8, 3072)
     assert rec.counts["starts"] == 500
@@ -49,6 +61,17 @@ def test_paper_method_runs() -> None:
     assert rec.inputs.shape == (8, 3072)
 
 
+def test_sign_search_mostly_needs_no_surrogate_pass() -> None:
+    # The surrogate passes are the fallback for columns the sign search leaves.
+    passes = []
+    for seed in range(5):
+        view, _x, _ = observation(16, 300, seed)
+        rec = reconstruct(**view, config=FAST.replace(seed=seed))
+        assert rec.status == "exact" and rec.counts["sign_rounds"] >= 1
+        passes.append(rec.counts["passes"])
+    assert passes.count(0) >= 4
+
+
 def test_same_seed_same_result() -> None:
     view, _, _ = observation(8, 100, 3)
     a = reconstruct(**view, config=FAST.replace(seed=5))
@@ -59,7 +82,9 @@ def test_same_seed_same_result() -> None:
 
 def test_short_search_falls_back_to_partial() -> None:
     view, _x, _ = observation(16, 300, 0)
-    rec = reconstruct(**view, config=SpearConfig(starts=3, steps=50, max_passes=1))
+    rec = reconstruct(
+        **view, config=SpearConfig(search="surrogate", starts=3, steps=50, max_passes=1)
+    )
     assert rec.status in ("partial", "failed")
     assert rec.inputs.shape == (16, 3072)
     assert int(rec.verified.sum()) < 16

@@ -9,12 +9,14 @@ from typing import Any, Literal
 Surrogate = Literal["l1", "logcosh", "l4"]
 Optimiser = Literal["radam", "pgd"]
 Refinement = Literal["auto", "kernel", "sampling", "none"]
+Search = Literal["signs", "surrogate"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "surrogate": ("l1", "logcosh", "l4"),
     "optimiser": ("radam", "pgd"),
     "refine": ("auto", "kernel", "sampling", "none"),
     "search_dtype": ("float32", "float64"),
+    "search": ("signs", "surrogate"),
 }
 
 
@@ -24,6 +26,17 @@ class SpearConfig:
 
     Parameters
     ----------
+    search
+        ``signs`` (beyond the paper): first the sign-consistency search, which uses the layer's
+        weights to tie each column's zeros to its sample's pre-activations (see
+        :mod:`attacks.spearpp.signs`), then surrogate passes for any column still missing;
+        ``surrogate``: the paper's search only.
+    sign_starts
+        Starts per round of the sign-consistency search.
+    sign_iterations
+        Label/null alternations per round.
+    sign_patience
+        Rounds in a row without a new column after which the surrogate passes take over.
     surrogate
         Sparsity surrogate minimised over the sphere: ``l1``, ``logcosh`` or ``l4`` (that is -l4).
     optimiser
@@ -74,6 +87,10 @@ class SpearConfig:
         Seed of every random draw; equal seeds give equal results on the same device.
     """
 
+    search: Search = "signs"
+    sign_starts: int = 8
+    sign_iterations: int = 14
+    sign_patience: int = 10
     surrogate: Surrogate = "l1"
     optimiser: Optimiser = "radam"
     starts: int = 2000
@@ -101,10 +118,18 @@ class SpearConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"SpearConfig.{name}={value!r}: allowed are {', '.join(allowed)}")
-        for name in ("starts", "steps", "max_passes", "rounding_samples", "max_elements"):
+        for name in (
+            "starts",
+            "steps",
+            "max_passes",
+            "rounding_samples",
+            "max_elements",
+            "sign_starts",
+            "sign_iterations",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"SpearConfig.{name}={getattr(self, name)!r}: must be >= 1")
-        for name in ("harvest_every", "selection_sweeps"):
+        for name in ("harvest_every", "selection_sweeps", "sign_patience"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"SpearConfig.{name}={getattr(self, name)!r}: must be >= 0")
         if not 0 < self.lr_final <= self.lr:
@@ -143,10 +168,12 @@ class SpearConfig:
 def paper_config(surrogate: Surrogate = "l1", optimiser: Optimiser = "radam") -> SpearConfig:
     """The method as the SPEAR++ paper describes it.
 
-    One batched pass, candidates taken where the optimiser stopped (rounding via sampling for the
-    smooth surrogates), no harvesting during the search, no mixture splitting, float64 throughout.
+    The surrogate search only, in one batched pass; candidates taken where the optimiser stopped
+    (rounding via sampling for the smooth surrogates); no harvesting during the search, no
+    mixture splitting, float64 throughout.
     """
     return SpearConfig(
+        search="surrogate",
         surrogate=surrogate,
         optimiser=optimiser,
         max_passes=1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -15,8 +15,9 @@ from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule, pin_rows, refiner
+from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
+from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs, sign_search
 from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs
 
 log = logging.getLogger(__name__)
@@ -96,25 +97,63 @@ class _Harvester:
         with self.clock.stage("refine"):
             ratio = _FINAL_RATIO if final else _CONVERGED_RATIO
             ready = _converged(points, self.search_left, self.rows, ratio)
-            if ready.any():
-                self.propose(points[ready])
+        if ready.any():
+            self.propose(points[ready])
+        with self.clock.stage("refine"):
             return ~ready & ~self.pool.near_found(points, self.config.drop_cosine)
 
     def propose(self, points: torch.Tensor) -> int:
         """Refine and certify ``points``; the number of new columns."""
         self.proposed += int(points.shape[0])
-        return self.pool.add(
-            self.refine(self.left, points, self.rule, self.generator, self.pool.columns)
-        )
+        with self.clock.stage("refine"):
+            return self.pool.add(
+                self.refine(self.left, points, self.rule, self.generator, self.pool.columns)
+            )
+
+
+def _few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
+    """Whether the convex searches for the last columns are worth running now."""
+    missing = batch_size - found
+    return config.deflate and 0 < missing <= max(_DEFLATE_MAX_MISSING, batch_size // 20)
 
 
 def _deflate(harvest: _Harvester, batch_size: int, generator: torch.Generator) -> None:
     """Convex l1 searches aimed at the missing columns, round after round while they find any."""
     pool = harvest.pool
     while (missing := batch_size - len(pool)) > 0:
-        probes = complement_probes(pool.columns, 2 * missing + _DEFLATE_EXTRA, generator)
-        if not harvest.propose(l1_on_hyperplanes(harvest.left, probes)):
+        with harvest.clock.stage("deflate"):
+            probes = complement_probes(pool.columns, 2 * missing + _DEFLATE_EXTRA, generator)
+            points = l1_on_hyperplanes(harvest.left, probes)
+        if not harvest.propose(points):
             break
+
+
+def _sign_rounds(
+    harvest: _Harvester,
+    geom: SignGeometry,
+    batch_size: int,
+    generator: torch.Generator,
+    out_of_time: Callable[[], bool],
+) -> int:
+    """Rounds of the sign-consistency search until the pool is full, it stalls, or time is up;
+    the number of rounds run."""
+    pool, config = harvest.pool, harvest.config
+    # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
+    inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
+    idle = rounds = 0
+    while len(pool) < batch_size and idle < config.sign_patience and not out_of_time():
+        with harvest.clock.stage("search"):
+            fresh = pool.columns[inputs.shape[0] :]
+            if fresh.shape[0]:
+                active = ~zero_mask(harvest.left, fresh, harvest.rule)
+                inputs = torch.cat([inputs, fit_inputs(geom.pre, active)])
+            basis = deflation_basis(geom.to_search(pool.columns), inputs) if len(pool) else None
+            starts = random_starts(config.sign_starts, batch_size, generator)
+            points = sign_search(geom, starts, basis, config.sign_iterations)
+        idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
+        rounds += 1
+        log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
+    return rounds
 
 
 def run_spearpp(
@@ -169,10 +208,28 @@ def run_spearpp(
     search_left = left.to(getattr(torch, config.search_dtype))
     harvest = _Harvester(left, search_left, rule, config, pool, clock, generator)
 
+    def out_of_time() -> bool:
+        budget = config.time_budget_s
+        return budget is not None and time.perf_counter() - started > budget
+
+    sign_rounds = 0
+    if config.search == "signs":
+        with clock.stage("search"):
+            geom = SignGeometry.build(left, fac.right, obs.weight)
+        sign_rounds = _sign_rounds(harvest, geom, b, generator, out_of_time)
+        if _few_missing(config, b, len(pool)):
+            _deflate(harvest, b, generator)
+        log.info(
+            "SPEAR++ sign search: %d of %d columns verified in %d rounds (%.1f s)",
+            len(pool),
+            b,
+            sign_rounds,
+            time.perf_counter() - started,
+        )
     chunk = max(1, min(config.starts, config.max_elements // m))
     starts = passes = 0
     while passes < config.max_passes and len(pool) < b:
-        if config.time_budget_s and time.perf_counter() - started > config.time_budget_s:
+        if out_of_time():
             log.info("time budget of %.0f s spent after %d passes", config.time_budget_s, passes)
             break
         passes += 1
@@ -191,9 +248,8 @@ def run_spearpp(
             starts += count
             if len(pool) >= b:
                 break
-        if config.deflate and 0 < b - len(pool) <= max(_DEFLATE_MAX_MISSING, b // 20):
-            with clock.stage("deflate"):
-                _deflate(harvest, b, generator)
+        if _few_missing(config, b, len(pool)):
+            _deflate(harvest, b, generator)
         log.info(
             "SPEAR++ pass %d/%d: %d of %d columns verified (%d starts, %.1f s)",
             passes,
@@ -237,7 +293,8 @@ def run_spearpp(
         verified=verified,
         timings=clock.seconds,
         counts={
-            "starts": starts,
+            "starts": starts + sign_rounds * config.sign_starts,
+            "sign_rounds": sign_rounds,
             "passes": passes,
             "candidates": harvest.proposed,
             "unique": found,

@@ -122,9 +122,14 @@ def canonical_sign(q: torch.Tensor) -> torch.Tensor:
     return q * torch.sign(pivot)
 
 
-def _count_zeros(left: torch.Tensor, q: torch.Tensor, rule: ZeroRule) -> torch.Tensor:
+def zero_mask(left: torch.Tensor, q: torch.Tensor, rule: ZeroRule) -> torch.Tensor:
+    """Which entries of L q (c x m) count as zero under ``rule``, for directions ``q`` (c x B)."""
     y = q @ left.T
-    return (y.abs() <= rule.tolerance(q, y)[:, None]).sum(dim=1)
+    return y.abs() <= rule.tolerance(q, y)[:, None]
+
+
+def _count_zeros(left: torch.Tensor, q: torch.Tensor, rule: ZeroRule) -> torch.Tensor:
+    return zero_mask(left, q, rule).sum(dim=1)
 
 
 # A row whose leverage in the zero set's row space is this close to 1 is essential: without it

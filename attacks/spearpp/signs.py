@@ -1,0 +1,209 @@
+"""Sign-consistency search: the layer's own weights tie each column's zeros to a halfspace pattern.
+
+Sample i leaves neuron j inactive exactly when w_j . x_i + b_j < 0, and its input lies in the
+gradient's row space: x_i = p_i V^T with V the right singular vectors. So the zero set of column
+i of L Q is the negative set of A p_i (+ b), A = W V: a pattern the server can compute for any p.
+The search alternates two views of one sample (working with L = U S, for which P Q = I):
+
+- labels: the rows where |L q| is below its median are labelled inactive, and p is their least-
+  squares fit in col(A); projecting m labels onto a B-dimensional subspace removes most of their
+  errors, so the fitted pattern is closer to one sample's than the labels were;
+- null step: on the rows where A p is most negative, q becomes the robust null direction of L
+  (least squares, then IRLS towards l1).
+
+A true column is a fixed point; a mix of columns is not (its zero set, an intersection of
+halfspace patterns, is not one), so from random starts the iteration lands on columns. Its basins
+are uneven, so found columns are deflated: since P Q = I, every unfound column is orthogonal to
+the input coordinates p_k of each found sample k. p_k is estimated as the max-margin fit to
+column k's exact zero pattern, kept orthogonal to the other found columns, and the null step
+searches the complement of those estimates; the last iterations run without the deflation, so
+the estimates' errors do not stay in the result.
+
+The bias b is left out of the fits: at initialisation it is small next to W x, and only the
+direction of p matters here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Rows handed to the null step: this many per column of Q (at least a fifth, at most half of m).
+_ROWS_PER_COLUMN = 3
+_IRLS_STEPS = 3
+# Final iterations without deflation.
+_FREE_ITERATIONS = 2
+# IRLS weights are capped where |L q| falls below this share of its largest entry.
+_IRLS_FLOOR = 1e-6
+_MARGIN_NEWTON_STEPS = 8
+_MARGIN_RIDGE = 1e-6
+
+
+@dataclass(frozen=True)
+class SignGeometry:
+    """The two views of the factorisation, in the search's coordinates.
+
+    Attributes
+    ----------
+    left
+        L = U S (m x B): columns of Q in these coordinates pair with input coordinates p by
+        P Q = I.
+    pre
+        A = W V (m x B): the pre-activation of the input with coordinates p is A p (+ b).
+    pre_pinv
+        Pseudo-inverse of ``pre`` (B x m).
+    singular
+        S, mapping these coordinates to the engine's (whose left factor is U).
+    """
+
+    left: torch.Tensor
+    pre: torch.Tensor
+    pre_pinv: torch.Tensor
+    singular: torch.Tensor
+
+    @staticmethod
+    def build(left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor) -> SignGeometry:
+        """From the engine's factors (``left`` = U, ``right`` = S V^T) and the layer weight."""
+        singular = right.norm(dim=1)
+        pre = weight.to(right.dtype) @ (right / singular[:, None]).T
+        return SignGeometry(left * singular, pre, torch.linalg.pinv(pre), singular)
+
+    def to_search(self, columns: torch.Tensor) -> torch.Tensor:
+        """Engine directions (c x B) in these coordinates, unit rows."""
+        return torch.nn.functional.normalize(columns / self.singular, dim=1)
+
+    def to_engine(self, points: torch.Tensor) -> torch.Tensor:
+        """Points of this search (c x B) as engine directions, unit rows."""
+        return torch.nn.functional.normalize(points * self.singular, dim=1)
+
+
+def _inactive_rows(geom: SignGeometry, q: torch.Tensor, count: int) -> torch.Tensor:
+    """For each point (K x B), the ``count`` rows its fitted halfspace pattern rates most
+    inactive (K x count)."""
+    size = (q @ geom.left.T).abs()
+    labels = torch.where(size < size.median(dim=1, keepdim=True).values, -1.0, 1.0)
+    pre_act = (labels.to(q.dtype) @ geom.pre_pinv.T) @ geom.pre.T
+    return pre_act.argsort(dim=1)[:, :count]
+
+
+def _null_step(
+    rows: torch.Tensor, q: torch.Tensor, complement: torch.Tensor | None
+) -> torch.Tensor:
+    """Robust null direction of each point's rows (K x r x B), inside ``complement`` (B x c,
+    orthonormal) when given: least squares, then IRLS steps towards the l1 minimiser."""
+    weights = torch.ones(rows.shape[:2], dtype=rows.dtype, device=rows.device)
+    for step in range(_IRLS_STEPS):
+        if step:
+            size = torch.einsum("krb,kb->kr", rows, q).abs()
+            weights = 1 / size.clamp_min(_IRLS_FLOOR * size.amax(dim=1, keepdim=True))
+        gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
+        if complement is None:
+            q = torch.linalg.eigh(gram)[1][:, :, 0]
+        else:
+            inner = complement.T @ gram @ complement
+            q = torch.linalg.eigh(inner)[1][:, :, 0] @ complement.T
+    return q
+
+
+def sign_search(
+    geom: SignGeometry, starts: torch.Tensor, deflation: torch.Tensor | None, iterations: int
+) -> torch.Tensor:
+    """Iterate labels and null steps from ``starts`` (K x B, search coordinates).
+
+    Parameters
+    ----------
+    geom
+        The factorisation's two views.
+    starts
+        Unit starting directions.
+    deflation
+        Orthonormal basis (B x F) of the found samples' estimated input coordinates: all but the
+        last iterations search its orthogonal complement. ``None`` when nothing is found yet.
+    iterations
+        Label/null alternations.
+
+    Returns
+    -------
+    torch.Tensor
+        K x B points, in search coordinates.
+    """
+    m, b = geom.left.shape
+    count = min(m // 2, max(_ROWS_PER_COLUMN * b, m // 5))
+    complement = None
+    if deflation is not None and deflation.shape[1]:
+        full = torch.linalg.svd(deflation, full_matrices=True)[0]
+        complement = full[:, deflation.shape[1] :]
+    q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
+    for it in range(iterations):
+        rows = geom.left[_inactive_rows(geom, q, count)]
+        q = _null_step(rows, q, complement if it < iterations - _FREE_ITERATIONS else None)
+    return q
+
+
+def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """Max-margin input coordinates for activity patterns.
+
+    Minimises sum_j max(0, 1 - s_j a_j . p)^2 + ridge |p|^2 (s_j = +1 on active rows, -1 on
+    inactive ones) by Newton steps with backtracking, from the least-squares fit.
+
+    Parameters
+    ----------
+    pre
+        A (m x B).
+    active
+        c x m boolean patterns.
+
+    Returns
+    -------
+    torch.Tensor
+        c x B coordinates, one row per pattern.
+    """
+    sign = torch.where(active, 1.0, -1.0).to(pre.dtype).T  # m x c
+    p = torch.linalg.lstsq(pre, sign).solution
+    eye = torch.eye(pre.shape[1], dtype=pre.dtype, device=pre.device)
+
+    def loss(p: torch.Tensor) -> torch.Tensor:
+        slack = (1 - (pre @ p) * sign).clamp_min(0)
+        return slack.square().sum(0) + _MARGIN_RIDGE * p.square().sum(0)
+
+    for _ in range(_MARGIN_NEWTON_STEPS):
+        slack = (1 - (pre @ p) * sign).clamp_min(0)
+        grad = -2 * pre.T @ (sign * slack) + 2 * _MARGIN_RIDGE * p
+        hess = 2 * torch.einsum("jb,jc,jd->cbd", pre, (slack > 0).to(pre.dtype), pre)
+        chol = torch.linalg.cholesky(hess + 2 * _MARGIN_RIDGE * eye)
+        step = torch.cholesky_solve(grad.T.unsqueeze(-1), chol).squeeze(-1).T
+        before, scale = loss(p), torch.ones(p.shape[1], dtype=p.dtype, device=p.device)
+        for _ in range(20):
+            worse = loss(p - scale * step) > before - 1e-4 * scale * (grad * step).sum(0)
+            if not bool(worse.any()):
+                break
+            scale = torch.where(worse, scale / 2, scale)
+        p = p - scale * step
+    fitted: torch.Tensor = p.T
+    return fitted
+
+
+def deflation_basis(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis (B x F) of the found samples' input coordinates, made consistent.
+
+    Parameters
+    ----------
+    columns
+        F x B found columns of Q (search coordinates).
+    inputs
+        F x B estimates of their input coordinates.
+
+    Each estimate p_k is replaced by its projection onto {p : p . q_i = 0 for every other found
+    column i}, a constraint the true p_k meets exactly (P Q = I): that space is the complement of
+    all found columns plus the dual direction of q_k within their span.
+    """
+    g = columns.T  # B x F
+    dual = torch.linalg.pinv(g).T  # B x F, dual[:, k] . q_i = [i == k]
+    full = torch.linalg.svd(g, full_matrices=True)[0]
+    outside = full[:, g.shape[1] :]
+    p = inputs.T
+    along = (dual * p).sum(0) / dual.square().sum(0)
+    consistent = outside @ (outside.T @ p) + dual * along
+    basis: torch.Tensor = torch.linalg.qr(consistent).Q
+    return basis

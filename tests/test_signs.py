@@ -1,0 +1,96 @@
+"""The sign-consistency search: max-margin input fits, consistent deflation, landing on columns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks.spearpp.factor import factorise
+from attacks.spearpp.search import random_starts
+from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs, sign_search
+from tests.helpers import observation
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_max_margin_fit_separates_and_beats_least_squares(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    pre = torch.randn(600, 20, generator=gen, dtype=torch.float64)
+    truth = torch.randn(5, 20, generator=gen, dtype=torch.float64)
+    active = truth @ pre.T > 0
+    fit = fit_inputs(pre, active)
+    assert ((fit @ pre.T > 0) == active).double().mean() >= 0.995
+    signs = torch.where(active, 1.0, -1.0).to(torch.float64)
+    least_squares = torch.linalg.lstsq(pre, signs.T).solution.T
+    assert (_cosine(fit, truth) >= _cosine(least_squares, truth) - 1e-3).all()
+    assert _cosine(fit, truth).min() > 0.98
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_deflation_basis_is_exact_for_true_inputs(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(12, 12, generator=gen, dtype=torch.float64))
+    p = torch.linalg.inv(q.T)  # rows p_k with p_k . q_i = [k == i] (q's rows are the columns)
+    found, unfound = q[:7], q[7:]
+    basis = deflation_basis(found, p[:7])
+    assert torch.allclose(basis.T @ basis, torch.eye(7, dtype=torch.float64), atol=1e-12)
+    assert (unfound @ basis).abs().max() < 1e-10
+    # Noisy estimates are pulled onto the constraints the true inputs meet: closer to the truth.
+    noisy = p[:7] + 0.05 * p[:7].norm(dim=1, keepdim=True) * torch.randn(
+        7, 12, generator=gen, dtype=torch.float64
+    )
+    raw = torch.linalg.qr(noisy.T).Q
+    assert (unfound @ basis).abs().max() < 1e-10 or (
+        (unfound @ deflation_basis(found, noisy)).norm() < (unfound @ raw).norm()
+    )
+
+
+def _true_columns(geom: SignGeometry, out_grads: torch.Tensor) -> torch.Tensor:
+    """Columns of Q in search coordinates: L q_i = the sample's output gradient."""
+    return torch.linalg.lstsq(geom.left, out_grads.T).solution.T
+
+
+def _geometry(b: int, width: int, seed: int) -> tuple[SignGeometry, torch.Tensor]:
+    view, _x, out_grads = observation(b, width, seed)
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=None,
+        noise_std=None,
+        precision=1e-15,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
+    return geom, _true_columns(geom, out_grads)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_lands_on_true_columns(seed: int) -> None:
+    geom, truth = _geometry(16, 300, seed)
+    assert (geom.left @ truth.T).abs().min() >= 0  # shapes agree
+    starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
+    points = sign_search(geom, starts, None, iterations=8)
+    best = _cosine(points[:, None, :], truth[None]).abs().amax(dim=1)
+    assert (best > 1 - 1e-9).sum() >= 7
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deflation_steers_to_unfound_columns(seed: int) -> None:
+    geom, truth = _geometry(16, 300, seed)
+    inputs = torch.linalg.inv(truth.T)  # exact input coordinates, rows
+    found = torch.arange(8)
+    basis = deflation_basis(torch.nn.functional.normalize(truth[found]), inputs[found])
+    starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
+    points = sign_search(geom, starts, basis, iterations=8)
+    cos = _cosine(points[:, None, :], truth[None]).abs()
+    landed = cos.amax(dim=1) > 1 - 1e-9
+    assert landed.sum() >= 6
+    assert (cos[landed].argmax(dim=1) >= 8).all()
+
+
+def test_engine_coordinates_round_trip() -> None:
+    geom, truth = _geometry(8, 100, 0)
+    unit = torch.nn.functional.normalize(truth)
+    assert torch.allclose(geom.to_search(geom.to_engine(unit)), unit, atol=1e-12)
