@@ -31,6 +31,7 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
             noise_multiplier=args.sigma,
         )
         attack = SpearConfig(
+            search=args.search,
             surrogate=args.surrogate,
             optimiser=args.optimiser,
             starts=args.starts,
@@ -185,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     custom.add_argument("--batch-size", type=int, help="B")
     custom.add_argument("--width", type=int, default=200, help="m")
     custom.add_argument("--depth", type=int, default=6)
+    custom.add_argument(
+        "--search",
+        choices=("signs", "surrogate"),
+        default="signs",
+        help="sign-consistency search first (default), or the surrogate search only",
+    )
     custom.add_argument("--surrogate", choices=("l1", "logcosh", "l4"), default="l1")
     custom.add_argument("--optimiser", choices=("radam", "pgd"), default="radam")
     custom.add_argument("--method", choices=("fl-sim", "paper"), default="fl-sim")

@@ -126,6 +126,22 @@ SHALLOW: tuple[AttackCase, ...] = (
     AttackCase("depth 2 l1 RAdam B=50 m=1000", 50, 1000, depth=2, seeds=(0, 1, 2)),
 )
 
+# The must-show rows of the "beyond the paper" issue, run with the default (sign-consistency)
+# search; labels keep the paper's row.
+BEYOND: tuple[AttackCase, ...] = tuple(
+    _with(case, name=case.name.replace("l1 RAdam", "signs"), seeds=seeds)
+    for case, seeds in (
+        (PAPER[2], (0, 1, 2)),
+        (AttackCase("l1 RAdam B=256 m=4000", 256, 4000, paper="(not in the paper)"), (0, 1, 2)),
+        (PAPER[10], tuple(range(10))),
+        (PAPER[12], tuple(range(10))),
+        (PAPER[11], (0, 1, 2)),
+        (PAPER[13], (0, 1, 2)),
+        (SHALLOW[0], tuple(range(5))),
+        (SHALLOW[1], tuple(range(5))),
+    )
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -137,4 +153,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "paper-method": tuple(_paper_method(c) for c in PAPER),
     "engine": ENGINE,
     "shallow": SHALLOW,
+    "beyond": BEYOND,
 }
