@@ -7,7 +7,13 @@ import torch
 
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.search import random_starts
-from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs, sign_search
+from attacks.spearpp.signs import (
+    SignGeometry,
+    deflation_basis,
+    fit_inputs,
+    halfspace_agreement,
+    sign_search,
+)
 from tests.helpers import observation
 
 
@@ -94,3 +100,16 @@ def test_engine_coordinates_round_trip() -> None:
     geom, truth = _geometry(8, 100, 0)
     unit = torch.nn.functional.normalize(truth)
     assert torch.allclose(geom.to_search(geom.to_engine(unit)), unit, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_halfspace_agreement_tells_columns_from_mixes(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    pre = torch.randn(400, 20, generator=gen, dtype=torch.float64)
+    truth = torch.randn(2, 20, generator=gen, dtype=torch.float64)
+    active = truth @ pre.T > 0
+    # A mix of two columns is zero only where both samples are inactive.
+    mix = active[0] | active[1]
+    score = halfspace_agreement(pre, torch.stack([active[0], active[1], mix]))
+    assert score[:2].min() >= 0.995
+    assert score[2] < 0.95

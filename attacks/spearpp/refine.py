@@ -91,6 +91,10 @@ class Candidates:
     verified: torch.Tensor
     mixed: torch.Tensor
 
+    def demote(self, keep: torch.Tensor) -> Candidates:
+        """The same candidates, verified only where also ``keep``."""
+        return Candidates(self.directions, self.zeros, self.verified & keep, self.mixed)
+
     @staticmethod
     def empty(dim: int, device: torch.device) -> Candidates:
         """No candidates."""

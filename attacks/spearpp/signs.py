@@ -184,6 +184,16 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     return fitted
 
 
+def halfspace_agreement(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """Share of rows where each pattern (c x m) agrees with its max-margin halfspace fit.
+
+    A true column's activity pattern is a halfspace pattern (1 up to noise and the omitted
+    bias); a mix's, an intersection of several, is not.
+    """
+    fitted = fit_inputs(pre, active) @ pre.T > 0
+    return (fitted == active).to(pre.dtype).mean(dim=1)
+
+
 def deflation_basis(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """Orthonormal basis (B x F) of the found samples' input coordinates, made consistent.
 
