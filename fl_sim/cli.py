@@ -91,6 +91,38 @@ def _bench_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_sweep(args: argparse.Namespace) -> int:
+    from fl_sim.bench.sweep import SweepPlan, run_sweep
+
+    widths = [int(w) for w in args.widths.split(",")]
+    starts = [int(b) for b in args.start.split(",")]
+    steps = [int(b) for b in args.step.split(",")]
+    if not len(starts) == len(steps) == len(widths):
+        raise SystemExit(
+            f"fl-sim bench sweep: --start ({len(starts)} values) and --step ({len(steps)}) need "
+            f"one value per width in --widths ({len(widths)})"
+        )
+    try:
+        plans = [
+            SweepPlan(m, b, s, min(m, 3072) - 1)
+            for m, b, s in zip(widths, starts, steps, strict=True)
+        ]
+        attack = SpearConfig(time_budget_s=args.time_budget)
+    except ValueError as err:
+        raise SystemExit(f"fl-sim bench sweep: {err}") from None
+    try:
+        data = load_cifar10(Path(args.data), split=args.split)
+    except FileNotFoundError as err:
+        raise SystemExit(f"CIFAR-10 not found: {err}") from err
+    out = Path(args.out or f"bench/runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    limits = run_sweep(plans, data, out, seeds=seeds, attack=attack, command=command)
+    print((out / "summary.md").read_text())
+    print(f"results in {out}/ (summary.md, sweep.json, rows.jsonl, limit.png); limits {limits}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from fl_sim.config import ConfigError, load_scenario
     from fl_sim.run import run_scenario
@@ -212,6 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attack.add_argument("--out", help="results folder (default: bench/runs/attack-PRESET-TIME)")
     attack.set_defaults(func=_bench_attack)
+    sweep = bench.add_parser(
+        "sweep", help="largest batch size attacked exactly (>= 90%% of samples), per width"
+    )
+    sweep.add_argument("--widths", default="1000,2000,4000", help="comma-separated m")
+    sweep.add_argument("--start", default="60,120,200", help="first B, one per width")
+    sweep.add_argument("--step", default="10,20,20", help="B increment, one per width")
+    sweep.add_argument("--seeds", default="0,1,2")
+    sweep.add_argument("--data", required=True, help="CIFAR-10: .npz or folder")
+    sweep.add_argument("--split", choices=("train", "test"), default="test")
+    sweep.add_argument("--time-budget", type=float, default=600.0, help="seconds per attack")
+    sweep.add_argument("--out", help="results folder (default: bench/runs/sweep-TIME)")
+    sweep.set_defaults(func=_bench_sweep)
     return parser
 
 

@@ -78,3 +78,28 @@ def test_cli_custom_case(tmp_path: Path) -> None:
     assert [r["seed"] for r in rows] == [0, 1]
     assert rows[0]["case"] == "l1 radam fedavg B=5 m=60 depth=3"
     assert rows[0]["defence"]["epochs"] == 2
+
+
+def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
+    from fl_sim.bench.sweep import SweepPlan, run_sweep
+
+    data = real_images()
+    limits = run_sweep(
+        [SweepPlan(100, 4, 4, 12)], data, tmp_path / "ok", seeds=(0,), attack=SpearConfig()
+    )
+    assert limits == {100: 12}
+    hopeless = SpearConfig(search="surrogate", starts=1, steps=1, max_passes=1, deflate=False)
+    limits = run_sweep(
+        [SweepPlan(60, 8, 4, 16)], data, tmp_path / "miss", seeds=(0,), attack=hopeless
+    )
+    assert limits == {60: None}
+    steps = json.loads((tmp_path / "miss" / "sweep.json").read_text())["steps"]
+    assert [s["batch_size"] for s in steps] == [8]
+    assert (tmp_path / "ok" / "limit.png").stat().st_size > 0
+
+
+def test_sweep_plan_is_validated() -> None:
+    from fl_sim.bench.sweep import SweepPlan
+
+    with pytest.raises(ValueError, match="need 1 <= start"):
+        SweepPlan(100, 50, 10, 20)

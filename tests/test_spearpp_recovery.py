@@ -15,6 +15,7 @@ SURROGATE = FAST.replace(search="surrogate")
 @pytest.mark.parametrize(
     ("b", "width", "config"),
     [
+        (4, 100, FAST),
         (8, 100, FAST),
         (16, 300, FAST),
         (24, 300, FAST),
@@ -24,6 +25,7 @@ SURROGATE = FAST.replace(search="surrogate")
         (12, 200, SURROGATE.replace(surrogate="logcosh", refine="sampling")),
     ],
     ids=[
+        "signs-B4",
         "signs-B8",
         "signs-B16",
         "signs-B24",

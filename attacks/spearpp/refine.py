@@ -27,6 +27,8 @@ _CHUNK = 256
 SAME_COLUMN_COSINE = 0.999
 SAME_COLUMN_COSINE_NOISY = 0.98
 _MAX_MIX = 4
+# Rows of L this small next to the largest belong to neurons no sample activates.
+_DEAD_ROW = 1e-9
 _SPLIT_DRAWS = 8
 # Mixes split per call: the rest are dropped (they recur if they matter).
 _SPLIT_MAX = 32
@@ -237,10 +239,14 @@ def refine_kernel(
     m, b = left.shape
     rows = min(pin_rows(b), m)
     chunk = max(1, _CERTIFY_ELEMENTS // (m * b))
+    # Neurons no sample activates are zero in every direction: they cannot pin one (with small
+    # B they are many, 1 in 2^B).
+    row_norms = left.norm(dim=1)
+    dead = row_norms <= _DEAD_ROW * row_norms.max()
     parts: list[Candidates] = []
     for block in points.split(chunk):
         y = block.to(torch.float64) @ left.T
-        idx = y.abs().argsort(dim=1)[:, :rows]
+        idx = y.abs().masked_fill(dead, torch.inf).argsort(dim=1)[:, :rows]
         _, s, vh = torch.linalg.svd(left[idx], full_matrices=False)
         v = canonical_sign(vh[:, -1, :])
         keep = novel(v, known, rule.same_column_cosine)

@@ -1,0 +1,152 @@
+"""``fl-sim bench sweep``: the largest batch size attacked exactly, per width of the first layer.
+
+For each width m, B grows from a start by a step until the share of exact samples over the
+seeds falls below the threshold; the largest B that met it is the width's limit. Rows are
+appended to ``rows.jsonl`` as they finish, ``sweep.json`` and ``summary.md`` are rewritten after
+each B, and ``limit.png`` plots the limits against m beside the paper's rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from matplotlib.figure import Figure
+
+from attacks import SpearConfig
+from fl_sim.bench.attack import aggregate, hardware, run_case
+from fl_sim.bench.cases import AttackCase
+from fl_sim.data.cifar10 import ImageSet
+from fl_sim.data.normalize import Normalization
+
+log = logging.getLogger(__name__)
+
+# The SPEAR++ paper's depth-6 rows (B, m, share exact with its best optimiser), for the plot.
+PAPER_POINTS: tuple[tuple[int, int, float], ...] = (
+    (20, 200, 0.95),
+    (65, 1000, 1.00),
+    (100, 4000, 1.00),
+    (150, 4000, 1.00),
+    (210, 4000, 0.77),
+)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Batch sizes to try at one width: ``start``, ``start + step``, ... up to ``stop``."""
+
+    width: int
+    start: int
+    step: int
+    stop: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start <= self.stop or self.step < 1:
+            raise ValueError(
+                f"sweep at m={self.width}: need 1 <= start ({self.start}) <= stop ({self.stop}) "
+                f"and step ({self.step}) >= 1"
+            )
+
+
+def _plot(limits: dict[int, int | None], path: Path) -> None:
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.add_subplot()
+    measured = sorted((m, b) for m, b in limits.items() if b)
+    if measured:
+        ax.plot(*zip(*measured, strict=True), "o-", label="fl-sim: largest B with >= 90% exact")
+        for m, b in measured:
+            ax.annotate(f"B/m={b / m:.3f}", (m, b), textcoords="offset points", xytext=(4, -12))
+    for b, m, share in PAPER_POINTS:
+        ax.plot(m, b, "x", color="grey")
+        ax.annotate(f"paper {share:.0%}", (m, b), textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("width m of the first layer")
+    ax.set_ylabel("batch size B")
+    ax.set_title("Batch-size limit of exact reconstruction (depth 6, at initialisation)")
+    ax.legend(loc="upper left")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def run_sweep(
+    plans: list[SweepPlan],
+    data: ImageSet,
+    out: Path,
+    *,
+    seeds: tuple[int, ...],
+    attack: SpearConfig,
+    threshold: float = 0.9,
+    command: str = "",
+) -> dict[int, int | None]:
+    """Run the sweep of every plan; the largest B meeting ``threshold`` per width (``None``
+    when even the start missed it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    norm = Normalization()
+    meta = {"hardware": hardware(), "data": data.source, "command": command, "seeds": seeds}
+    limits: dict[int, int | None] = {}
+    steps: list[dict[str, Any]] = []
+    for plan in plans:
+        limits[plan.width] = None
+        for b in range(plan.start, plan.stop + 1, plan.step):
+            case = AttackCase(f"sweep B={b} m={plan.width}", b, plan.width, attack=attack)
+            rows = []
+            for seed in seeds:
+                row = run_case(case, seed, data, norm, torch.float64)
+                rows.append(row)
+                with (out / "rows.jsonl").open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            summary = {"width": plan.width, "batch_size": b, **aggregate(rows)}
+            steps.append(summary)
+            passed = summary["share_exact_samples"] >= threshold
+            log.info(
+                "m=%d B=%d: %.0f%% exact, %.1f s mean",
+                plan.width,
+                b,
+                100 * summary["share_exact_samples"],
+                summary["seconds_mean"],
+            )
+            if passed:
+                limits[plan.width] = b
+            meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            (out / "sweep.json").write_text(
+                json.dumps({"meta": meta, "limits": limits, "steps": steps}, indent=2)
+            )
+            (out / "summary.md").write_text(_markdown(limits, steps, meta, threshold))
+            _plot(limits, out / "limit.png")
+            if not passed:
+                break
+    return limits
+
+
+def _markdown(
+    limits: dict[int, int | None],
+    steps: list[dict[str, Any]],
+    meta: dict[str, Any],
+    threshold: float,
+) -> str:
+    hw = meta["hardware"]
+    lines = [
+        f"Measured {meta['finished']} on {hw['processor']} ({hw['cpu_threads']} threads, "
+        f"CUDA: {hw['cuda']}), torch {hw['torch']}, data `{meta['data']}`, seeds "
+        f"{list(meta['seeds'])}.",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Largest B with >= {threshold:.0%} of samples exact (PSNR >= 100 dB): "
+        + ", ".join(f"m={m}: {b if b else 'none'}" for m, b in limits.items()),
+        "",
+        "| m | B | exact | s mean | factorise / search / refine / select+solve s |",
+        "|---|---|---|---|---|",
+    ]
+    for s in steps:
+        st = s["stage_seconds_mean"]
+        lines.append(
+            f"| {s['width']} | {s['batch_size']} | {100 * s['share_exact_samples']:.1f}% | "
+            f"{s['seconds_mean']:.1f} | "
+            + " / ".join(f"{st.get(k, 0.0):.1f}" for k in ("factorise", "search", "refine"))
+            + f" / {st.get('select', 0.0) + st.get('solve', 0.0):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
