@@ -91,7 +91,8 @@ class _Harvester:
             config.refinement, config.rounding_samples, config.split_mixtures, seen_mixes=set()
         )
         self.proposed = 0
-        # A = W V, set when the sign geometry is built: checks candidates under noise.
+        # A = W V, set by the sign search: checks its candidates under noise (the surrogate
+        # search alone stays the paper's method).
         self.pre: torch.Tensor | None = None
         # Refinement done from inside the search, which the search stage's clock also counts.
         self.midway_seconds = 0.0
@@ -231,11 +232,10 @@ def run_spearpp(
         return budget is not None and time.perf_counter() - started > budget
 
     sign_rounds = 0
-    if config.search == "signs" or noise_std:
+    if config.search == "signs":
         with clock.stage("search"):
             geom = SignGeometry.build(left, fac.right, obs.weight)
         harvest.pre = geom.pre
-    if config.search == "signs":
         sign_rounds = _sign_rounds(harvest, geom, b, generator, out_of_time)
         if _few_missing(config, b, len(pool)):
             _deflate(harvest, b, generator)

@@ -67,7 +67,8 @@ def _plot(limits: dict[int, int | None], path: Path) -> None:
     ax.set_xlabel("width m of the first layer")
     ax.set_ylabel("batch size B")
     ax.set_title("Batch-size limit of exact reconstruction (depth 6, at initialisation)")
-    ax.legend(loc="upper left")
+    if measured:
+        ax.legend(loc="upper left")
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
