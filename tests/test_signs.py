@@ -21,12 +21,19 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cosine_similarity(a, b, dim=-1)
 
 
+def _patterns(
+    seed: int, rows: int, samples: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random A (rows x 20), true inputs (samples x 20) and their activity patterns."""
+    gen = torch.Generator().manual_seed(seed)
+    pre = torch.randn(rows, 20, generator=gen, dtype=torch.float64)
+    truth = torch.randn(samples, 20, generator=gen, dtype=torch.float64)
+    return pre, truth, truth @ pre.T > 0
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_max_margin_fit_separates_and_beats_least_squares(seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    pre = torch.randn(600, 20, generator=gen, dtype=torch.float64)
-    truth = torch.randn(5, 20, generator=gen, dtype=torch.float64)
-    active = truth @ pre.T > 0
+    pre, truth, active = _patterns(seed, rows=600, samples=5)
     fit = fit_inputs(pre, active)
     assert ((fit @ pre.T > 0) == active).double().mean() >= 0.995
     signs = torch.where(active, 1.0, -1.0).to(torch.float64)
@@ -104,10 +111,7 @@ def test_engine_coordinates_round_trip() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_halfspace_agreement_tells_columns_from_mixes(seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    pre = torch.randn(400, 20, generator=gen, dtype=torch.float64)
-    truth = torch.randn(2, 20, generator=gen, dtype=torch.float64)
-    active = truth @ pre.T > 0
+    pre, _truth, active = _patterns(seed, rows=400, samples=2)
     # A mix of two columns is zero only where both samples are inactive.
     mix = active[0] | active[1]
     score = halfspace_agreement(pre, torch.stack([active[0], active[1], mix]))

@@ -159,14 +159,15 @@ def _sign_rounds(
     pool, config = harvest.pool, harvest.config
     # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
     inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
+    basis: torch.Tensor | None = None
     idle = rounds = 0
     while len(pool) < batch_size and idle < config.sign_patience and not out_of_time():
         with harvest.clock.stage("search"):
             fresh = pool.columns[inputs.shape[0] :]
-            if fresh.shape[0]:
+            if fresh.shape[0]:  # the deflation changes only when the pool grew
                 active = ~zero_mask(harvest.left, fresh, harvest.rule)
                 inputs = torch.cat([inputs, fit_inputs(geom.pre, active)])
-            basis = deflation_basis(geom.to_search(pool.columns), inputs) if len(pool) else None
+                basis = deflation_basis(geom.to_search(pool.columns), inputs)
             starts = random_starts(config.sign_starts, batch_size, generator)
             points = sign_search(geom, starts, basis, config.sign_iterations)
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1

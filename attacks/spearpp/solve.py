@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from attacks.spearpp.inputs import LayerObservation
-from attacks.spearpp.refine import ZeroRule
+from attacks.spearpp.refine import ZeroRule, zero_mask
 
 # Scales this small (relative to the largest) mean the bias gradient does not fix the column.
 _TINY_SCALE = 1e-12
@@ -57,8 +57,7 @@ def solve_inputs(
     scales = torch.where(small, torch.ones_like(scales), scales)
     mixed_inputs = torch.linalg.lstsq(q_hat, right).solution
     inputs = mixed_inputs / scales[:, None]
-    outputs = columns @ left.T  # B x m, each sample's output gradient up to its scale
-    zero = outputs.abs() <= rule.tolerance(columns, outputs)[:, None]
+    zero = zero_mask(left, columns, rule)  # B x m: each sample's zero output gradients
     inactive = inputs @ obs.weight.T + obs.bias <= 0
     union = (zero | inactive).sum(dim=1).clamp_min(1)
     matching = (zero & inactive).sum(dim=1) / union
