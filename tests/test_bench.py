@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from attacks import SpearConfig
 from clients import LocalTraining
-from fl_sim.bench.attack import run_bench
+from fl_sim.bench.attack import near_exact_at_true_scale, run_bench
 from fl_sim.bench.cases import AttackCase
 from fl_sim.cli import main
+from fl_sim.data.normalize import Normalization
 from tests.helpers import real_images
 
 
@@ -34,6 +37,24 @@ def test_bench_writes_rows_and_summary(tmp_path: Path) -> None:
     table = (tmp_path / "summary.md").read_text()
     assert "| tiny | 2 |" in table and "Command: `test`" in table
     assert json.loads((tmp_path / "summary.json").read_text())["cases"][1]["case"] == "tiny fedavg"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_true_scale_tells_scale_from_pixels(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.rand(4, 3, 32, 32, generator=gen, dtype=torch.float64)
+    norm = Normalization()
+    truth = norm.apply(images)
+    order = np.array([2, 0, 3, 1])  # true sample i came back as reconstruction order[i]
+    back = torch.empty_like(truth)
+    back[torch.from_numpy(order)] = truth
+    # Rescaled: only the scale is wrong. Noisy: the pixels are.
+    assert near_exact_at_true_scale(back * 1.3, images, order, norm) == 1.0
+    noisy = back + 0.5 * torch.randn(back.shape, generator=gen, dtype=torch.float64)
+    assert near_exact_at_true_scale(noisy, images, order, norm) == 0.0
+    unmatched = order.copy()
+    unmatched[0] = -1
+    assert near_exact_at_true_scale(back, images, unmatched, norm) == 0.75
 
 
 def test_cli_names_missing_data(tmp_path: Path) -> None:

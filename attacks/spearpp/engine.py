@@ -124,9 +124,7 @@ class _Harvester:
                 # The noise-level certificate passes some mixes; their activity patterns are
                 # not halfspaces.
                 active = ~zero_mask(self.left, cands.directions, self.rule)
-                cands = cands.demote(
-                    halfspace_agreement(self.pre, active) >= _NOISY_MIN_AGREEMENT
-                )
+                cands = cands.demote(halfspace_agreement(self.pre, active) >= _NOISY_MIN_AGREEMENT)
             return self.pool.add(cands)
 
 
@@ -169,7 +167,8 @@ def _sign_rounds(
                 inputs = torch.cat([inputs, fit_inputs(geom.pre, active)])
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
             starts = random_starts(config.sign_starts, batch_size, generator)
-            points = sign_search(geom, starts, basis, config.sign_iterations)
+            found = geom.to_search(pool.columns) if len(pool) else None
+            points = sign_search(geom, starts, basis, config.sign_iterations, found)
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
         rounds += 1
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)

@@ -13,11 +13,17 @@ The search alternates two views of one sample (working with L = U S, for which P
 
 A true column is a fixed point; a mix of columns is not (its zero set, an intersection of
 halfspace patterns, is not one), so from random starts the iteration lands on columns. Its basins
-are uneven, so found columns are deflated: since P Q = I, every unfound column is orthogonal to
-the input coordinates p_k of each found sample k. p_k is estimated as the max-margin fit to
-column k's exact zero pattern, kept orthogonal to the other found columns, and the null step
-searches the complement of those estimates; the last iterations run without the deflation, so
-the estimates' errors do not stay in the result.
+are uneven, so found columns are deflated in both views, since P Q = I:
+
+- inputs: every unfound sample's coordinates are exactly orthogonal to every found column, so the
+  halfspace fit is restricted to their complement. This alone leaves a found sample whose p_k
+  lies mostly in that complement reachable; with few columns missing it is decisive (two
+  similar columns, e.g. same-label samples of a depth-2 network, whose mixes are nearly as
+  sparse as they are, were found only this way);
+- columns: every unfound column is orthogonal to the found samples' input coordinates p_k,
+  estimated as the max-margin fit to column k's exact zero pattern, kept orthogonal to the other
+  found columns; the null step searches the complement of those estimates, the last iterations
+  run without it, so the estimates' errors do not stay in the result.
 
 The bias b is left out of the fits: at initialisation it is small next to W x, and only the
 direction of p matters here.
@@ -78,12 +84,25 @@ class SignGeometry:
         return torch.nn.functional.normalize(points * self.singular, dim=1)
 
 
-def _inactive_rows(geom: SignGeometry, q: torch.Tensor, count: int) -> torch.Tensor:
+def _input_space(
+    geom: SignGeometry, found: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A restricted to the complement of the found columns (F x B), and its pseudo-inverse."""
+    if found is None or not found.shape[0]:
+        return geom.pre, geom.pre_pinv
+    complement = torch.linalg.svd(found.T, full_matrices=True)[0][:, found.shape[0] :]
+    pre = geom.pre @ complement
+    return pre, torch.linalg.pinv(pre)
+
+
+def _inactive_rows(
+    left: torch.Tensor, pre: torch.Tensor, pre_pinv: torch.Tensor, q: torch.Tensor, count: int
+) -> torch.Tensor:
     """For each point (K x B), the ``count`` rows its fitted halfspace pattern rates most
     inactive (K x count)."""
-    size = (q @ geom.left.T).abs()
+    size = (q @ left.T).abs()
     labels = torch.where(size < size.median(dim=1, keepdim=True).values, -1.0, 1.0)
-    pre_act = (labels.to(q.dtype) @ geom.pre_pinv.T) @ geom.pre.T
+    pre_act = (labels.to(q.dtype) @ pre_pinv.T) @ pre.T
     return pre_act.argsort(dim=1)[:, :count]
 
 
@@ -107,7 +126,11 @@ def _null_step(
 
 
 def sign_search(
-    geom: SignGeometry, starts: torch.Tensor, deflation: torch.Tensor | None, iterations: int
+    geom: SignGeometry,
+    starts: torch.Tensor,
+    deflation: torch.Tensor | None,
+    iterations: int,
+    found: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Iterate labels and null steps from ``starts`` (K x B, search coordinates).
 
@@ -122,6 +145,10 @@ def sign_search(
         last iterations search its orthogonal complement. ``None`` when nothing is found yet.
     iterations
         Label/null alternations.
+    found
+        The found columns (F x B, search coordinates): the halfspace fits are restricted to
+        their orthogonal complement, where the unfound samples' inputs lie. ``None``: no
+        restriction.
 
     Returns
     -------
@@ -134,9 +161,10 @@ def sign_search(
     if deflation is not None and deflation.shape[1]:
         full = torch.linalg.svd(deflation, full_matrices=True)[0]
         complement = full[:, deflation.shape[1] :]
+    pre, pre_pinv = _input_space(geom, found)
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
-        rows = geom.left[_inactive_rows(geom, q, count)]
+        rows = geom.left[_inactive_rows(geom.left, pre, pre_pinv, q, count)]
         q = _null_step(rows, q, complement if it < iterations - _FREE_ITERATIONS else None)
     return q
 

@@ -21,7 +21,7 @@ import torch
 
 from attacks import reconstruct
 from clients import train_locally
-from fl_sim.audit.metrics import match_and_score
+from fl_sim.audit.metrics import NEAR_EXACT_DB, match_and_score, psnr
 from fl_sim.bench.cases import AttackCase
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
@@ -71,6 +71,23 @@ def client_update(
     return view, images, result.noise_std
 
 
+def near_exact_at_true_scale(
+    inputs: torch.Tensor, images: torch.Tensor, match: np.ndarray, norm: Normalization
+) -> float:
+    """Share of true samples at >= 40 dB once each matched reconstruction is rescaled by its
+    least-squares scale to the truth (in the attack's input space).
+
+    A judge's diagnostic: the engine fixes each sample's scale from the bias gradient alone, so
+    under noise this tells a wrong scale from wrong pixels.
+    """
+    truth = norm.apply(images).flatten(1)
+    ok = torch.from_numpy(match >= 0)
+    rec = inputs[torch.from_numpy(match.clip(min=0))].flatten(1)
+    scale = (rec * truth).sum(1) / rec.square().sum(1).clamp_min(torch.finfo(rec.dtype).tiny)
+    pixels = norm.undo((rec * scale[:, None]).reshape(images.shape))
+    return float(((psnr(pixels, images) >= NEAR_EXACT_DB) & ok).double().mean())
+
+
 def run_case(
     case: AttackCase, seed: int, data: ImageSet, norm: Normalization, dtype: torch.dtype
 ) -> dict[str, Any]:
@@ -99,6 +116,9 @@ def run_case(
         "noise_std": noise_std,
         "seconds": seconds,
         **quality.summary(),
+        "share_near_exact_true_scale": near_exact_at_true_scale(
+            rec.inputs, images.to(torch.float64), quality.match, norm
+        ),
         "attack": rec.summary(),
     }
 
@@ -118,6 +138,10 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ssim_mean": float(np.mean([r["ssim_mean"] for r in rows])),
         "share_exact_samples": sum(r["share_exact"] * r["samples"] for r in rows) / samples,
         "share_near_exact_samples": sum(r["share_near_exact"] * r["samples"] for r in rows)
+        / samples,
+        "share_near_exact_true_scale_samples": sum(
+            r["share_near_exact_true_scale"] * r["samples"] for r in rows
+        )
         / samples,
         "share_exact_batches": float(np.mean([r["batch_exact"] for r in rows])),
         "batch_size_correct": float(
@@ -139,11 +163,14 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         f"Command: `{meta['command']}`",
         "",
         "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, both as shares of all samples over "
-        "all seeds; batches = share of seeds whose whole batch is exact.",
+        "all seeds; at true scale: near-exact once each reconstruction is rescaled to the truth "
+        "(a judge's diagnostic of the scale the bias gradient fixes); batches = share of seeds "
+        "whose whole batch is exact.",
         "",
-        "| case | seeds | PSNR mean | PSNR min | SSIM | exact | near-exact | batches exact | "
-        "B_hat right | s mean | factorise / search / refine / select+solve s | paper |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | seeds | PSNR mean | PSNR min | SSIM | exact | near-exact | at true scale | "
+        "batches exact | B_hat right | s mean | factorise / search / refine / select+solve s | "
+        "paper |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         st = s["stage_seconds_mean"]
@@ -154,7 +181,9 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         lines.append(
             f"| {s['case']} | {len(s['seeds'])} | {s['psnr_mean']:.1f} | {s['psnr_min']:.1f} | "
             f"{s['ssim_mean']:.3f} | {100 * s['share_exact_samples']:.1f}% | "
-            f"{100 * s['share_near_exact_samples']:.1f}% | {100 * s['share_exact_batches']:.0f}% | "
+            f"{100 * s['share_near_exact_samples']:.1f}% | "
+            f"{100 * s['share_near_exact_true_scale_samples']:.1f}% | "
+            f"{100 * s['share_exact_batches']:.0f}% | "
             f"{100 * s['batch_size_correct']:.0f}% | {s['seconds_mean']:.1f} | {stages} | "
             f"{paper.get(s['case'], '')} |"
         )
