@@ -67,8 +67,11 @@ def _true_columns(geom: SignGeometry, out_grads: torch.Tensor) -> torch.Tensor:
     return torch.linalg.lstsq(geom.left, out_grads.T).solution.T
 
 
-def _geometry(b: int, width: int, seed: int) -> tuple[SignGeometry, torch.Tensor]:
-    view, _x, out_grads = observation(b, width, seed)
+def _geometry(
+    b: int, width: int, seed: int, depth: int = 6
+) -> tuple[SignGeometry, torch.Tensor, torch.Tensor]:
+    """The geometry of a FedSGD batch, its true columns and the samples' output gradients."""
+    view, _x, out_grads = observation(b, width, seed, depth)
     fac = factorise(
         view["grad_weight"],
         batch_size=None,
@@ -77,7 +80,7 @@ def _geometry(b: int, width: int, seed: int) -> tuple[SignGeometry, torch.Tensor
         generator=torch.Generator().manual_seed(seed),
     )
     geom = SignGeometry.build(fac.left, fac.right, view["weight"])
-    return geom, _true_columns(geom, out_grads)
+    return geom, _true_columns(geom, out_grads), out_grads
 
 
 def test_search_lands_on_true_columns() -> None:
@@ -85,7 +88,7 @@ def test_search_lands_on_true_columns() -> None:
     # so the count is taken over several batches.
     landed = []
     for seed in range(5):
-        geom, truth = _geometry(16, 300, seed)
+        geom, truth, _ = _geometry(16, 300, seed)
         starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
         points = sign_search(geom, starts, None, iterations=8)
         best = _cosine(points[:, None, :], truth[None]).abs().amax(dim=1)
@@ -95,7 +98,7 @@ def test_search_lands_on_true_columns() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_deflation_steers_to_unfound_columns(seed: int) -> None:
-    geom, truth = _geometry(16, 300, seed)
+    geom, truth, _ = _geometry(16, 300, seed)
     inputs = torch.linalg.inv(truth.T)  # exact input coordinates, rows
     found = torch.arange(8)
     basis = deflation_basis(torch.nn.functional.normalize(truth[found]), inputs[found])
@@ -111,16 +114,8 @@ def test_deflation_steers_to_unfound_columns(seed: int) -> None:
 def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
     # Depth 2: the two most similar columns (same-label samples) are left unfound; mixes of
     # them are nearly as sparse as they are.
-    view, _x, out_grads = observation(24, 300, seed, depth=2)
-    fac = factorise(
-        view["grad_weight"],
-        batch_size=None,
-        noise_std=None,
-        precision=1e-15,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
-    truth = torch.nn.functional.normalize(_true_columns(geom, out_grads))
+    geom, truth, out_grads = _geometry(24, 300, seed, depth=2)
+    truth = torch.nn.functional.normalize(truth)
     similar = _cosine(out_grads[:, None, :], out_grads[None]).abs().fill_diagonal_(0)
     missing = divmod(int(similar.argmax()), 24)
     found = truth[[k for k in range(24) if k not in missing]]
@@ -137,7 +132,7 @@ def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
 
 
 def test_engine_coordinates_round_trip() -> None:
-    geom, truth = _geometry(8, 100, 0)
+    geom, truth, _ = _geometry(8, 100, 0)
     unit = torch.nn.functional.normalize(truth)
     assert torch.allclose(geom.to_search(geom.to_engine(unit)), unit, atol=1e-12)
 
