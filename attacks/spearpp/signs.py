@@ -57,15 +57,16 @@ class SignGeometry:
         P Q = I.
     pre
         A = W V (m x B): the pre-activation of the input with coordinates p is A p (+ b).
-    pre_pinv
-        Pseudo-inverse of ``pre`` (B x m).
+    pre_basis
+        Orthonormal basis of the column space of ``pre`` (m x B): a least-squares fit in it is
+        a projection.
     singular
         S, mapping these coordinates to the engine's (whose left factor is U).
     """
 
     left: torch.Tensor
     pre: torch.Tensor
-    pre_pinv: torch.Tensor
+    pre_basis: torch.Tensor
     singular: torch.Tensor
 
     @staticmethod
@@ -73,7 +74,7 @@ class SignGeometry:
         """From the engine's factors (``left`` = U, ``right`` = S V^T) and the layer weight."""
         singular = right.norm(dim=1)
         pre = weight.to(right.dtype) @ (right / singular[:, None]).T
-        return SignGeometry(left * singular, pre, torch.linalg.pinv(pre), singular)
+        return SignGeometry(left * singular, pre, torch.linalg.qr(pre).Q, singular)
 
     def to_search(self, columns: torch.Tensor) -> torch.Tensor:
         """Engine directions (c x B) in these coordinates, unit rows."""
@@ -84,25 +85,24 @@ class SignGeometry:
         return torch.nn.functional.normalize(points * self.singular, dim=1)
 
 
-def _input_space(
-    geom: SignGeometry, found: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A restricted to the complement of the found columns (F x B), and its pseudo-inverse."""
+def _input_space(geom: SignGeometry, found: torch.Tensor | None) -> torch.Tensor:
+    """Orthonormal basis (m x (B - F)) of the pre-activations of inputs orthogonal to the found
+    columns (F x B); of all inputs' when none is found."""
     if found is None or not found.shape[0]:
-        return geom.pre, geom.pre_pinv
+        return geom.pre_basis
     complement = torch.linalg.svd(found.T, full_matrices=True)[0][:, found.shape[0] :]
-    pre = geom.pre @ complement
-    return pre, torch.linalg.pinv(pre)
+    basis: torch.Tensor = torch.linalg.qr(geom.pre @ complement).Q
+    return basis
 
 
 def _inactive_rows(
-    left: torch.Tensor, pre: torch.Tensor, pre_pinv: torch.Tensor, q: torch.Tensor, count: int
+    left: torch.Tensor, basis: torch.Tensor, q: torch.Tensor, count: int
 ) -> torch.Tensor:
-    """For each point (K x B), the ``count`` rows its fitted halfspace pattern rates most
-    inactive (K x count)."""
+    """For each point (K x B), the ``count`` rows its fitted halfspace pattern (the labels'
+    projection onto ``basis``) rates most inactive (K x count)."""
     size = (q @ left.T).abs()
     labels = torch.where(size < size.median(dim=1, keepdim=True).values, -1.0, 1.0)
-    pre_act = (labels.to(q.dtype) @ pre_pinv.T) @ pre.T
+    pre_act = (labels.to(q.dtype) @ basis) @ basis.T
     return pre_act.argsort(dim=1)[:, :count]
 
 
@@ -161,10 +161,10 @@ def sign_search(
     if deflation is not None and deflation.shape[1]:
         full = torch.linalg.svd(deflation, full_matrices=True)[0]
         complement = full[:, deflation.shape[1] :]
-    pre, pre_pinv = _input_space(geom, found)
+    fit_space = _input_space(geom, found)
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
-        rows = geom.left[_inactive_rows(geom.left, pre, pre_pinv, q, count)]
+        rows = geom.left[_inactive_rows(geom.left, fit_space, q, count)]
         q = _null_step(rows, q, complement if it < iterations - _FREE_ITERATIONS else None)
     return q
 
