@@ -8,6 +8,8 @@ client declared.
 from __future__ import annotations
 
 from attacks.errors import AttackInputError
+from attacks.inversion import InversionConfig, invert_gradients
+from attacks.registry import ATTACKS, RegisteredAttack, ServerView, run_attack
 from attacks.result import Reconstruction
 from attacks.spearpp import PRESETS, SpearConfig, paper_config, run_spearpp
 from attacks.spearpp.inputs import ArrayLike, observe_layer, resolve_device
@@ -57,10 +59,16 @@ def reconstruct(
 
 
 __all__ = [
+    "ATTACKS",
     "PRESETS",
     "AttackInputError",
+    "InversionConfig",
     "Reconstruction",
+    "RegisteredAttack",
+    "ServerView",
     "SpearConfig",
+    "invert_gradients",
     "paper_config",
     "reconstruct",
+    "run_attack",
 ]
