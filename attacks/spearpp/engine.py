@@ -124,7 +124,9 @@ class _Harvester:
                 # The noise-level certificate passes some mixes; their activity patterns are
                 # not halfspaces.
                 active = ~zero_mask(self.left, cands.directions, self.rule)
-                cands = cands.demote(halfspace_agreement(self.pre, active) >= _NOISY_MIN_AGREEMENT)
+                cands = cands.demote(
+                    halfspace_agreement(self.pre, active) >= _NOISY_MIN_AGREEMENT
+                )
             return self.pool.add(cands)
 
 
