@@ -138,12 +138,23 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_summary(run_dir: Path) -> None:
     from fl_sim.report import summary_table
-    from fl_sim.report.build import REPORT_FILE, read_jsonl
+    from fl_sim.report.build import REPORT_FILE, forecast_tables, inversion_table, read_jsonl
 
     records = read_jsonl(run_dir / "audit.jsonl")
     if records:
         print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
         print(summary_table(records))
+    inversion = inversion_table(records)
+    if inversion:
+        print("\nOptimisation attack (gradient matching):")
+        print(inversion)
+    correlations, exposure, _ = forecast_tables(run_dir)
+    if correlations:
+        print("\nForecast: Spearman's rho of each proxy with the optimisation attack's MSE:")
+        print(correlations)
+    if exposure:
+        print("\nClients ranked by each proxy (1 = most exposed) beside SPEAR++'s recovery:")
+        print(exposure)
     print(f"\nrun directory: {run_dir}  (report: {run_dir / REPORT_FILE})")
 
 

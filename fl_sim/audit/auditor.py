@@ -10,6 +10,7 @@ and in the judge's own proxy jobs.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -206,7 +207,8 @@ class Auditor:
         needs_model = spec.proxies or any(ATTACKS[r.attack].whole_model for r in self.runs)
         if needs_model and architecture is None:
             raise ValueError("the audit's attacks or proxies need the model's architecture")
-        self.architecture = architecture.to("meta") if architecture is not None else None
+        # Only the structure travels to the workers: a weightless copy on the meta device.
+        self.architecture = copy.deepcopy(architecture).to("meta") if architecture else None
         self._lock = threading.Lock()
         self._pool: Pool | None = None
         self._pending: dict[tuple[int, int, str], tuple[AsyncResult[Any], dict[str, Any]]] = {}
