@@ -50,6 +50,7 @@ def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> Non
         (r, c) for r in (1, 2, 3) for c in range(4)
     ]
     assert all(set(r) >= REQUIRED for r in records)
+    assert all(len(r["samples"]) == r["batch_size"] == 20 for r in records)  # per-sample scores
     undefended = [r for r in records if r["client"] == 0]
     assert all(r["status"] == "exact" and r["share_exact"] == 1.0 for r in undefended)
     assert all(r["psnr_min"] >= 100 for r in undefended)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call, grad, hessian
 
-from fl_sim.forecast import extreme_eigenvalues, sample_proxies, spearman
+from fl_sim.forecast import extreme_eigenvalues, sample_proxies, spearman, spearman_interval
 from fl_sim.model import fc_relu_net
 
 
@@ -112,3 +112,55 @@ def test_spearman_on_known_data_with_ties() -> None:
     assert spearman([1, 1, 1], [1, 2, 3]) is None
     with pytest.raises(ValueError, match="equal length"):
         spearman([1, 2, 3], [1, 2])
+
+
+def test_spearman_interval_brackets_rho() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(100)
+    y = -x + 0.8 * rng.standard_normal(100)
+    low, high = spearman_interval(x, y, resamples=500) or (0.0, 0.0)
+    rho = spearman(x, y)
+    assert rho is not None and low < rho < high and high - low < 0.35
+    assert spearman_interval([1, 2, 3, 4], [1, 2, 3, 4], resamples=50) == (1.0, 1.0)
+    assert spearman_interval([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_exposure_ranks_clients_and_reads_old_records() -> None:
+    from fl_sim.forecast import PROXIES
+    from fl_sim.forecast.table import client_exposure, joined_samples, round_correlations
+
+    proxy_rows = [
+        {
+            "round": 1,
+            "client": c,
+            "defence": "fedsgd",
+            "samples": [
+                {"id": 10 * c + i, "label": i, **dict.fromkeys(PROXIES, float(c + 1 + i))}
+                for i in range(3)
+            ],
+        }
+        for c in range(2)
+    ]
+    records = [  # an old SPEAR++ record (no 'attack' key) and the inversion attack's
+        {"round": 1, "client": c, "psnr_mean": 150.0 - c, "share_exact": 1.0, "status": "exact"}
+        for c in range(2)
+    ] + [
+        {
+            "round": 1,
+            "client": c,
+            "attack": "inversion",
+            "loss": "cosine",
+            "samples": [
+                {"id": 10 * c + i, "mse": 1.0 / (c + 1 + i), "psnr": 0.0} for i in range(3)
+            ],
+        }
+        for c in range(2)
+    ]
+    samples = joined_samples(records, proxy_rows)
+    assert len(samples) == 6 and all("mse:inversion-cosine" in s for s in samples)
+    rows = round_correlations(samples)
+    assert [r["round"] for r in rows] == [1, None]
+    assert rows[0]["spearman"]["lavp_cos_min"] == pytest.approx(-1.0)  # larger proxy, lower MSE
+    exposure = client_exposure(samples, records)
+    assert [e["rank"]["grad_norm"] for e in exposure] == [2, 1]  # client 1 has the larger values
+    assert exposure[0]["spearpp_psnr_mean"] == 150.0

@@ -241,6 +241,7 @@ class Auditor:
             self._write({**base, "attack": None, "status": "rejected", "reason": update.problem})
             return 0
         runs = self.runs_for(base["round"], base["client"])
+        ids = self._ids(update)  # the judge keeps these, not the update's arrays
         queued = 0
         for run in runs:
             if (base["round"], base["client"], run.label) in self.done:
@@ -259,7 +260,7 @@ class Auditor:
                 record,
                 run_job,
                 job,
-                lambda out, r=record, lb=run.label: self._judge(out, r, update, lb),
+                lambda out, r=record, lb=run.label: self._judge(out, r, ids, lb),
             )
             queued += 1
         key = (base["round"], base["client"], PROXY_RUN)
@@ -465,15 +466,12 @@ class Auditor:
             self.seed * 7919 + base["round"] * 101 + base["client"],
         )
 
-    def _judge(
-        self, out: AttackOutcome, base: dict[str, Any], update: InterceptedUpdate, run: str
-    ) -> None:
+    def _judge(self, out: AttackOutcome, base: dict[str, Any], ids: np.ndarray, run: str) -> None:
         """Score a finished attack against the samples the client trained on; file it."""
         record = {**base, "seconds": out.seconds}
         if out.error is not None or out.inputs is None:
             self._write({**record, "status": "refused", "reason": out.error}, run)
             return
-        ids = self._ids(update)
         truth = torch.from_numpy(self.data.images[ids]).permute(0, 3, 1, 2).double() / 255
         rec = self.data.normalization.undo(torch.from_numpy(out.inputs).reshape(-1, 3, 32, 32))
         quality = match_and_score(rec, truth)

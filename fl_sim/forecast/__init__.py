@@ -7,7 +7,7 @@ to an attack.
 
 from fl_sim.forecast.eigen import Extremes, extreme_eigenvalues
 from fl_sim.forecast.proxies import PROXIES, SampleProxies, sample_proxies
-from fl_sim.forecast.spearman import spearman
+from fl_sim.forecast.spearman import spearman, spearman_interval
 
 __all__ = [
     "PROXIES",
@@ -16,4 +16,5 @@ __all__ = [
     "extreme_eigenvalues",
     "sample_proxies",
     "spearman",
+    "spearman_interval",
 ]

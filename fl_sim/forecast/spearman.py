@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import spearmanr
+from scipy.stats import rankdata, spearmanr
 
 
 def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float | None:
@@ -21,3 +21,33 @@ def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -
         return None
     rho = float(spearmanr(x, y).statistic)
     return rho if math.isfinite(rho) else None
+
+
+def spearman_interval(
+    a: Sequence[float] | np.ndarray,
+    b: Sequence[float] | np.ndarray,
+    *,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of Spearman's rho (pairs resampled with replacement).
+
+    Returns ``None`` where rho itself is undefined; resamples on which it is undefined (a
+    constant draw) are skipped.
+    """
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if spearman(x, y) is None:
+        return None
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(x), (resamples, len(x)))
+    # All resamples at once: average ranks per row, then Pearson of the ranks per row.
+    rx, ry = rankdata(x[picks], axis=1), rankdata(y[picks], axis=1)
+    rx -= rx.mean(axis=1, keepdims=True)
+    ry -= ry.mean(axis=1, keepdims=True)
+    norms = np.sqrt((rx**2).sum(axis=1) * (ry**2).sum(axis=1))
+    defined = norms > 0
+    values = (rx * ry).sum(axis=1)[defined] / norms[defined]
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
