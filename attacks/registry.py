@@ -7,7 +7,7 @@ one entry here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,7 @@ class ServerView:
     batch_size: int | None = None
     noise_std: float | None = None
     labels: tuple[int, ...] | None = None
-    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = field(default=None)
+    bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_sim.audit.auditor import AUDIT_FILE, FORECAST_FILE, PROXIES_FILE, Auditor
+from fl_sim.audit.auditor import (
+    AUDIT_FILE,
+    FORECAST_FILE,
+    FORECAST_SAMPLES_FILE,
+    PROXIES_FILE,
+    Auditor,
+    load_update,
+    save_update,
+)
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.config.schema import InversionSpec
 from fl_sim.data.federated import federated_data
@@ -104,8 +112,37 @@ def test_inversion_and_proxies_are_recorded_per_sample(tmp_path: Path) -> None:
         (run, r) for run in ("inversion-cosine", "inversion-l2") for r in (1, None)
     }
     assert all(f["samples"] == 6 and set(f["spearman"]) == set(PROXIES) for f in forecast)
+    joined = _lines(tmp_path / FORECAST_SAMPLES_FILE)
+    assert len(joined) == 6 and all(
+        {"mse:inversion-l2", "psnr:inversion-cosine"} <= set(s) for s in joined
+    )
     (tmp_path / "rounds.jsonl").write_text("")
     html = build_report(tmp_path).read_text()
     assert "Forecast: vulnerability proxies" in html and "Optimisation attack" in html
     assert (tmp_path / "plots" / "forecast.png").stat().st_size > 0
     assert np.isfinite([r["psnr_mean"] for r in scored]).all()
+
+
+def test_a_whole_update_is_stored_and_read_back(tmp_path: Path) -> None:
+    data = federated_data(
+        parse_scenario(
+            {
+                "data": {"source": "photos", "samples_per_client": 6, "test_size": 10},
+                "clients": {"count": 1, "batch_size": 3},
+            }
+        ).data,
+        1,
+        0,
+    )
+    torch.manual_seed(0)
+    update = _update(data, fc_relu_net(16, 3).double(), 0)
+    save_update(update, tmp_path / "u.npz")
+    back = load_update(tmp_path / "u.npz")
+    assert back.arrays is not None and back.sent_arrays is not None and update.arrays is not None
+    assert (
+        set(back.arrays)
+        == set(update.arrays)
+        == {f"{i}.{p}" for i in (1, 3, 5) for p in ("weight", "bias")}
+    )
+    assert all(np.array_equal(back.arrays[k], update.arrays[k]) for k in update.arrays)
+    assert back.declared == update.declared and np.array_equal(back.weight, update.weight)

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 AUDIT_FILE = "audit.jsonl"
 PROXIES_FILE = "proxies.jsonl"
 FORECAST_FILE = "forecast.jsonl"
+FORECAST_SAMPLES_FILE = "forecast_samples.jsonl"
 UPDATES_DIR = "updates"
 # Job inputs on their way to the attack workers; removed once judged.
 JOBS_DIR = "jobs"
@@ -523,10 +524,12 @@ class Auditor:
 
 
 def write_forecast(run_dir: Path) -> Path:
-    """``forecast.jsonl``: per round and optimisation-attack run (then over all rounds), the
-    Spearman correlation of each proxy with the attack's MSE. Rewritten from ``audit.jsonl``
-    and ``proxies.jsonl`` each time (it is derived, not a record)."""
+    """``forecast_samples.jsonl``: per sample, its proxies beside the MSE and PSNR of every
+    attack run that scored it; ``forecast.jsonl``: per round and optimisation-attack run (then
+    over all rounds), the Spearman correlation of each proxy with the attack's MSE. Both are
+    rewritten from ``audit.jsonl`` and ``proxies.jsonl`` each time (derived, not records)."""
     samples = joined_samples(read_jsonl(run_dir / AUDIT_FILE), read_jsonl(run_dir / PROXIES_FILE))
+    (run_dir / FORECAST_SAMPLES_FILE).write_text("".join(json.dumps(s) + "\n" for s in samples))
     path = run_dir / FORECAST_FILE
     path.write_text("".join(json.dumps(row) + "\n" for row in round_correlations(samples)))
     return path
