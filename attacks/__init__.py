@@ -1,13 +1,20 @@
 """The attacker: sees only what an honest-but-curious server sees.
 
-Nothing here imports the simulated world (``clients``, ``fl_sim``): inputs are the layer's
-weights as the server sent them, the client's update turned into a gradient, and whatever the
-client declared.
+Nothing here imports the simulated world (``clients``, ``fl_sim``): inputs are the weights as
+the server sent them (the first layer's, or the whole model's with its architecture), the
+client's update turned into a gradient, and whatever the client declared.
+
+Two attacks, registered by name in :data:`ATTACKS` (:func:`run_attack` runs one on a
+:class:`ServerView`): ``spearpp``, exact reconstruction from the first layer
+(:func:`reconstruct`), and ``inversion``, optimisation-based gradient matching on the whole model
+(:func:`invert_gradients`).
 """
 
 from __future__ import annotations
 
 from attacks.errors import AttackInputError
+from attacks.inversion import InversionConfig, invert_gradients
+from attacks.registry import ATTACKS, RegisteredAttack, ServerView, run_attack
 from attacks.result import Reconstruction
 from attacks.spearpp import PRESETS, SpearConfig, paper_config, run_spearpp
 from attacks.spearpp.inputs import ArrayLike, observe_layer, resolve_device
@@ -57,10 +64,16 @@ def reconstruct(
 
 
 __all__ = [
+    "ATTACKS",
     "PRESETS",
     "AttackInputError",
+    "InversionConfig",
     "Reconstruction",
+    "RegisteredAttack",
+    "ServerView",
     "SpearConfig",
+    "invert_gradients",
     "paper_config",
     "reconstruct",
+    "run_attack",
 ]

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import torch
 
-Status = Literal["exact", "partial", "failed"]
+Status = Literal["exact", "partial", "failed", "approximate"]
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,12 @@ class Reconstruction:
     status
         ``exact`` when every one of the B_hat columns was verified and every sample's sparsity
         matching coefficient is at least 0.95, ``partial`` when some columns were verified (the
-        rest completed), ``failed`` when none was.
+        rest completed), ``failed`` when none was; ``approximate`` for an optimisation-based
+        attack, which has no certificate.
     confidence
-        Per reconstructed sample, the sparsity matching coefficient in [0, 1] (1: the sample's
-        inactive neurons are exactly the zeros of its gradient).
+        Per reconstructed sample, in [0, 1]: for SPEAR++ the sparsity matching coefficient (1: the
+        sample's inactive neurons are exactly the zeros of its gradient); for the optimisation
+        attack the cosine similarity of the reconstruction's gradient with the observed one.
     verified
         Per reconstructed sample, whether its column was certified.
     timings

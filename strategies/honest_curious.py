@@ -4,18 +4,21 @@ client update to an attack on the side."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from strategies.interception import InterceptedUpdate, intercept
+from strategies.interception import InterceptedUpdate, declared, intercept
 
 log = logging.getLogger(__name__)
 
 UpdateSink = Callable[[InterceptedUpdate], None]
+# (round, what the client declared) -> keep every array of its update, not only the layer's.
+KeepWhole = Callable[[int, Mapping[str, Any]], bool]
 
 
 class HonestButCurious(Strategy):
@@ -36,6 +39,9 @@ class HonestButCurious(Strategy):
         "1.bias")``).
     attack_round
         Which rounds to intercept (default: all).
+    keep_whole
+        Which replies to hand over whole (every array as sent and returned): those a
+        whole-model attack targets. Default: none, only the layer.
 
     Notes
     -----
@@ -50,19 +56,25 @@ class HonestButCurious(Strategy):
         sink: UpdateSink,
         layer: tuple[str, str],
         attack_round: Callable[[int], bool] = lambda r: True,
+        keep_whole: KeepWhole | None = None,
     ) -> None:
         self.strategy = strategy
         self.sink = sink
         self.layer = layer
         self.attack_round = attack_round
+        self.keep_whole = keep_whole
         self._sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._sent_all: dict[int, dict[str, np.ndarray]] = {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Remember the attacked layer as sent, then delegate."""
+        """Remember the attacked layer (every array, if any reply may be kept whole) as sent,
+        then delegate."""
         w_key, b_key = self.layer
         self._sent = {server_round: (arrays[w_key].numpy().copy(), arrays[b_key].numpy().copy())}
+        if self.keep_whole is not None:
+            self._sent_all = {server_round: {k: arrays[k].numpy().copy() for k in arrays}}
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
@@ -72,7 +84,14 @@ class HonestButCurious(Strategy):
         replies = list(replies)
         keep = []
         for msg in replies:
-            update = intercept(msg, server_round, self.layer, self._sent[server_round])
+            whole = self.keep_whole is not None and self.keep_whole(server_round, declared(msg))
+            update = intercept(
+                msg,
+                server_round,
+                self.layer,
+                self._sent[server_round],
+                sent_all=self._sent_all.get(server_round) if whole else None,
+            )
             if update.problem is None or msg.has_error():
                 keep.append(msg)
             else:

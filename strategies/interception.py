@@ -12,7 +12,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 
 @dataclass(frozen=True)
 class InterceptedUpdate:
-    """One client's reply as the server sees it, reduced to the attacked layer.
+    """One client's reply as the server sees it, reduced to the attacked layer, or whole where
+    a whole-model attack (or the judge's proxies) needs every array.
 
     Attributes
     ----------
@@ -29,6 +30,8 @@ class InterceptedUpdate:
         judge reads it; it is never handed to an attack.
     problem
         Why the reply cannot be attacked (missing arrays, wrong shapes, NaN...), else ``None``.
+    sent_arrays, arrays
+        Every array as sent and as returned, when the update is kept whole (else ``None``).
     """
 
     server_round: int
@@ -40,6 +43,13 @@ class InterceptedUpdate:
     bias: np.ndarray | None
     audit: Mapping[str, Any] = field(default_factory=dict)
     problem: str | None = None
+    sent_arrays: Mapping[str, np.ndarray] | None = None
+    arrays: Mapping[str, np.ndarray] | None = None
+
+
+def declared(msg: Message) -> dict[str, Any]:
+    """What the client declared of itself: its ``client`` ConfigRecord."""
+    return _record(msg, "client")
 
 
 def _record(msg: Message, key: str) -> dict[str, Any]:
@@ -53,13 +63,17 @@ def intercept(
     layer: tuple[str, str],
     sent: tuple[np.ndarray, np.ndarray],
     arrays_key: str = "arrays",
+    sent_all: Mapping[str, np.ndarray] | None = None,
 ) -> InterceptedUpdate:
-    """Reduce a reply to the attacked layer, naming what is wrong with it if anything is."""
+    """Reduce a reply to the attacked layer, naming what is wrong with it if anything is.
+
+    With ``sent_all`` (every array as sent) the reply is kept whole, and every array checked.
+    """
     w_key, b_key = layer
     base: dict[str, Any] = {
         "server_round": server_round,
         "node_id": int(msg.metadata.src_node_id),
-        "declared": _record(msg, "client"),
+        "declared": declared(msg),
         "sent_weight": sent[0],
         "sent_bias": sent[1],
         "audit": _record(msg, "audit"),
@@ -79,7 +93,17 @@ def intercept(
             **base, weight=None, bias=None, problem=f"reply lacks arrays {missing}"
         )
     weight, bias = arrays[w_key].numpy(), arrays[b_key].numpy()
-    for name, got, want in ((w_key, weight, sent[0]), (b_key, bias, sent[1])):
+    checks = [(w_key, weight, sent[0]), (b_key, bias, sent[1])]
+    whole = None
+    if sent_all is not None:
+        missing = [k for k in sent_all if k not in arrays]
+        if missing:
+            return InterceptedUpdate(
+                **base, weight=None, bias=None, problem=f"reply lacks arrays {missing}"
+            )
+        whole = {k: arrays[k].numpy() for k in sent_all}
+        checks = [(k, whole[k], sent_all[k]) for k in sent_all]
+    for name, got, want in checks:
         if got.shape != want.shape:
             return InterceptedUpdate(
                 **base,
@@ -91,4 +115,4 @@ def intercept(
             return InterceptedUpdate(
                 **base, weight=None, bias=None, problem=f"{name} holds NaN or infinite values"
             )
-    return InterceptedUpdate(**base, weight=weight, bias=bias)
+    return InterceptedUpdate(**base, weight=weight, bias=bias, sent_arrays=sent_all, arrays=whole)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, Auditor
+from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, AttackRun, Auditor
 from fl_sim.audit.job import AttackJob
 from fl_sim.audit.reaudit import reaudit
 from fl_sim.config import AuditSpec, parse_scenario
@@ -50,6 +50,7 @@ def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> Non
         (r, c) for r in (1, 2, 3) for c in range(4)
     ]
     assert all(set(r) >= REQUIRED for r in records)
+    assert all(len(r["samples"]) == r["batch_size"] == 20 for r in records)  # per-sample scores
     undefended = [r for r in records if r["client"] == 0]
     assert all(r["status"] == "exact" and r["share_exact"] == 1.0 for r in undefended)
     assert all(r["psnr_min"] >= 100 for r in undefended)
@@ -95,9 +96,11 @@ def _update(server_round: int, client: int, m: int = 20, n: int = 3072) -> Inter
 class _BrokenJobs(Auditor):
     """An auditor whose jobs crash inside the attack (a batch size that is not a number)."""
 
-    def _job(self, update: InterceptedUpdate, base: Any) -> tuple[AttackJob, dict[str, str]]:
-        job, knowledge = super()._job(update, base)
-        return replace(job, batch_size="three"), knowledge  # type: ignore[arg-type]
+    def _job(
+        self, update: InterceptedUpdate, base: Any, run: AttackRun
+    ) -> tuple[AttackJob, dict[str, str]]:
+        job, knowledge = super()._job(update, base, run)
+        return replace(job, view=replace(job.view, batch_size="three")), knowledge  # type: ignore[arg-type]
 
 
 def _data() -> Any:

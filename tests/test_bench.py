@@ -124,3 +124,20 @@ def test_sweep_plan_is_validated() -> None:
 
     with pytest.raises(ValueError, match="need 1 <= start"):
         SweepPlan(100, 50, 10, 20)
+
+
+def test_lavp_bench_writes_rows_table_and_scatter(tmp_path: Path) -> None:
+    from fl_sim.bench.lavp import LavpPlan, run_lavp_bench
+
+    plan = LavpPlan(samples=4, width=16, depth=3, iterations=30, chunk=3, proxy_max_iter=60)
+    summary = run_lavp_bench(plan, real_images(), tmp_path, command="test")
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(
+        "mse:inversion-l2" in r and "mse:inversion-cosine" in r for r in rows
+    )
+    assert set(summary["losses"]) == {"l2", "cosine"}
+    table = (tmp_path / "summary.md").read_text()
+    assert "| l2 | lavp_l2_max |" in table and "|rho| 0.51" in table and "Command: `test`" in table
+    assert (tmp_path / "scatter.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="Spearman needs at least 3"):
+        LavpPlan(samples=2)

@@ -102,3 +102,26 @@ def test_a_failing_sink_never_stops_aggregation() -> None:
 
     wrapped, _ = _wrapped(explode).aggregate_train(1, [_reply(1, _arrays(1), 5)])
     assert wrapped is not None
+
+
+def test_replies_a_whole_model_attack_targets_are_kept_whole() -> None:
+    seen: list[InterceptedUpdate] = []
+    wrapper = HonestButCurious(
+        FedAvg(), seen.append, LAYER, keep_whole=lambda r, declared: declared["partition-id"] == 1
+    )
+    start = _arrays(0)
+    wrapper._sent = {1: (start["1.weight"].numpy(), start["1.bias"].numpy())}
+    wrapper._sent_all = {1: {k: start[k].numpy() for k in start}}
+    poisoned = _arrays(3)  # client 2, not kept whole: its NaN outside the layer goes unseen
+    poisoned["3.weight"] = Array(np.full((2, 4), np.nan))
+    replies = [_reply(1, _arrays(1), 10), _reply(2, _arrays(2), 10), _reply(3, poisoned, 10)]
+    wrapper.aggregate_train(1, replies)
+    assert seen[0].arrays is None and seen[0].sent_arrays is None  # client 0: the layer only
+    assert seen[1].arrays is not None and set(seen[1].arrays) == {"1.weight", "1.bias", "3.weight"}
+    assert seen[1].sent_arrays is not None and np.array_equal(
+        seen[1].sent_arrays["3.weight"], start["3.weight"].numpy()
+    )
+    assert seen[2].problem is None  # client 2 is not kept whole: only its layer is checked
+    seen.clear()
+    wrapper.aggregate_train(1, [_reply(2, poisoned, 10)])  # client 1 kept whole: checked whole
+    assert seen[0].problem is not None and "3.weight holds NaN" in seen[0].problem

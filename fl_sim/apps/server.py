@@ -37,7 +37,8 @@ def build_strategy(scenario: Scenario, recorder: RunRecorder) -> FedAvg:
 
 
 def attacked_layer(scenario: Scenario) -> tuple[str, str]:
-    """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks."""
+    """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks (and the one whose
+    rank tells the optimisation attack the batch size)."""
     name, _ = first_linear(scenario.model.build())
     return f"{name}.weight", f"{name}.bias"
 
@@ -49,8 +50,16 @@ def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:
     strategy: Strategy = build_strategy(scenario, recorder)
     auditor = None
     if scenario.audit.enabled:
-        auditor = Auditor(scenario.audit, recorder.data, run_dir, scenario.seed)
-        strategy = HonestButCurious(strategy, auditor, attacked_layer(scenario))
+        layer = attacked_layer(scenario)
+        auditor = Auditor(
+            scenario.audit,
+            recorder.data,
+            run_dir,
+            scenario.seed,
+            architecture=scenario.model.build(),
+            layer=layer,
+        )
+        strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
     try:
         result = strategy.start(
             grid=grid,

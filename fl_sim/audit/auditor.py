@@ -1,11 +1,16 @@
-"""The judge at work during a run: every intercepted update becomes an attack job beside the
-federation, and every finished job one line of ``audit.jsonl``, written as soon as it is known.
+"""The judge at work during a run: every intercepted update becomes attack jobs beside the
+federation (one per attack the audit runs on it), and every finished job one line of
+``audit.jsonl``, written as soon as it is known. With ``proxies`` on, each attacked batch's
+vulnerability proxies go to ``proxies.jsonl``, and at the end the per-round correlation of each
+proxy with the optimisation attack's error to ``forecast.jsonl``.
 
-Ground truth (which samples a client trained on) enters only here, after the attack returned.
+Ground truth (which samples a client trained on) enters only here, after the attack returned,
+and in the judge's own proxy jobs.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -13,26 +18,34 @@ import multiprocessing
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from attacks import SpearConfig
+from attacks import ATTACKS, InversionConfig, ServerView, SpearConfig
 from fl_sim.apps.recorder import append_jsonl
 from fl_sim.audit.grid import save_grid
 from fl_sim.audit.job import AttackJob, AttackOutcome, run_job, write_arrays
 from fl_sim.audit.metrics import match_and_score
+from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, run_proxy_job, write_proxy_arrays
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
+from fl_sim.forecast.table import joined_samples, round_correlations
+from fl_sim.report.build import read_jsonl
 from strategies import InterceptedUpdate, update_as_gradient
 
 log = logging.getLogger(__name__)
 
 AUDIT_FILE = "audit.jsonl"
+PROXIES_FILE = "proxies.jsonl"
+FORECAST_FILE = "forecast.jsonl"
+FORECAST_SAMPLES_FILE = "forecast_samples.jsonl"
 UPDATES_DIR = "updates"
 # Job inputs on their way to the attack workers; removed once judged.
 JOBS_DIR = "jobs"
@@ -42,6 +55,16 @@ METRIC_KEYS = (
     "ssim_mean", "seconds",
 )  # fmt: skip
 GRID_DIR = "grids"
+PROXY_RUN = "proxies"
+
+
+@dataclass(frozen=True)
+class AttackRun:
+    """One attack the audit runs on an update: its label in records, registry name, loss."""
+
+    label: str
+    attack: str
+    loss: str | None = None
 
 
 def attack_config(spec: AuditSpec, seed: int) -> SpearConfig:
@@ -55,14 +78,35 @@ def attack_config(spec: AuditSpec, seed: int) -> SpearConfig:
     )
 
 
+def inversion_config(spec: AuditSpec, loss: str, seed: int) -> InversionConfig:
+    """The optimisation attack's settings for one loss."""
+    inv = spec.inversion
+    return InversionConfig(
+        loss=loss,  # type: ignore[arg-type]
+        restarts=inv.restarts,
+        iterations=inv.iterations,
+        lr=inv.lr,
+        tv=inv.tv,
+        signed=inv.signed,
+        dtype=inv.dtype,  # type: ignore[arg-type]
+        device=inv.device,
+        seed=seed,
+    )
+
+
 def _name(base: Mapping[str, Any], suffix: str) -> str:
     return f"r{base['round']:03d}-c{base['client']:03d}{suffix}"
 
 
 def save_update(update: InterceptedUpdate, path: Path) -> None:
-    """Store an intercepted update (arrays as received, declarations as JSON)."""
+    """Store an intercepted update (arrays as received, declarations as JSON; every array as
+    sent and received when it was kept whole)."""
     assert update.weight is not None and update.bias is not None
     path.parent.mkdir(parents=True, exist_ok=True)
+    whole: dict[str, Any] = {}
+    if update.sent_arrays is not None and update.arrays is not None:
+        whole = {f"sent:{k}": v for k, v in update.sent_arrays.items()}
+        whole |= {f"received:{k}": v for k, v in update.arrays.items()}
     np.savez(
         path,
         sent_weight=update.sent_weight,
@@ -79,6 +123,7 @@ def save_update(update: InterceptedUpdate, path: Path) -> None:
                 }
             )
         ),
+        **whole,
     )
 
 
@@ -86,6 +131,8 @@ def load_update(path: Path) -> InterceptedUpdate:
     """Inverse of :func:`save_update`."""
     with np.load(path) as f:
         meta = json.loads(str(f["meta"]))
+        sent = {n.partition(":")[2]: f[n] for n in f.files if n.startswith("sent:")}
+        received = {n.partition(":")[2]: f[n] for n in f.files if n.startswith("received:")}
         return InterceptedUpdate(
             server_round=meta["server_round"],
             node_id=meta["node_id"],
@@ -95,6 +142,8 @@ def load_update(path: Path) -> InterceptedUpdate:
             weight=f["weight"],
             bias=f["bias"],
             audit=meta["audit"],
+            sent_arrays=sent or None,
+            arrays=received or None,
         )
 
 
@@ -117,71 +166,145 @@ class Auditor:
     Parameters
     ----------
     spec
-        What to attack, with which knowledge and budget.
+        What to attack, with which attacks, knowledge and budget.
     data
-        The run's data: only for judging (ground truth), never for attacking.
+        The run's data: only for judging (ground truth), never for attacking (bar the labels
+        when ``knows_labels`` grants them, and the input range the server's pipeline fixes).
     run_dir
-        Where ``audit.jsonl`` and ``grids/`` grow.
+        Where ``audit.jsonl``, ``proxies.jsonl`` and ``grids/`` grow.
     seed
         Seeds the attacks.
+    architecture
+        The model the server built (its structure; weights are not used): whole-model attacks
+        and the proxies need it.
+    layer
+        ArrayRecord keys of the first linear layer's weight and bias.
+    done
+        (round, client, run) already on file: not attacked again (``run`` is a record's
+        attack label, or ``proxies``).
     """
 
-    def __init__(self, spec: AuditSpec, data: FederatedData, run_dir: Path, seed: int) -> None:
+    def __init__(
+        self,
+        spec: AuditSpec,
+        data: FederatedData,
+        run_dir: Path,
+        seed: int,
+        architecture: nn.Module | None = None,
+        layer: tuple[str, str] = ("weight", "bias"),
+        done: Collection[tuple[int, int, str]] = (),
+    ) -> None:
         self.spec = spec
         self.data = data
         self.run_dir = run_dir
         self.seed = seed
+        self.layer = layer
+        self.done = frozenset(done)
+        self.runs = tuple(
+            AttackRun(f"{name}-{loss}", name, loss) if loss else AttackRun(name, name)
+            for name in spec.attacks
+            for loss in (spec.inversion.losses if name == "inversion" else (None,))
+        )
+        needs_model = spec.proxies or any(ATTACKS[r.attack].whole_model for r in self.runs)
+        if needs_model and architecture is None:
+            raise ValueError("the audit's attacks or proxies need the model's architecture")
+        # Only the structure travels to the workers: a weightless copy on the meta device.
+        self.architecture = copy.deepcopy(architecture).to("meta") if architecture else None
         self._lock = threading.Lock()
         self._pool: Pool | None = None
-        self._pending: dict[
-            tuple[int, int], tuple[AsyncResult[AttackOutcome], dict[str, Any], InterceptedUpdate]
-        ] = {}
+        self._pending: dict[tuple[int, int, str], tuple[AsyncResult[Any], dict[str, Any]]] = {}
 
     def __call__(self, update: InterceptedUpdate) -> None:
         """File an update: rejected at once if unusable, else queued for attack."""
+        self.queue(update)
+
+    def runs_for(self, server_round: int, client: int) -> list[AttackRun]:
+        """The attacks the audit runs on this client's update of this round."""
+        if not self.spec.targets.covers(server_round, client):
+            return []
+        targets = {"spearpp": self.spec.spearpp, "inversion": self.spec.inversion.targets}
+        return [r for r in self.runs if targets[r.attack].covers(server_round, client)]
+
+    def keeps_whole(self, server_round: int, declared: Mapping[str, Any]) -> bool:
+        """Whether this reply is needed whole: a whole-model attack or the proxies target it."""
+        client = int(declared.get("partition-id", -1))
+        runs = self.runs_for(server_round, client)
+        return bool(runs) and (
+            self.spec.proxies or any(ATTACKS[r.attack].whole_model for r in runs)
+        )
+
+    def queue(self, update: InterceptedUpdate) -> int:
+        """Queue the attack (and proxy) jobs of an update; returns how many were queued."""
         base = self._base(update)
         if self.spec.keep_updates and update.problem is None:
             save_update(update, self.run_dir / UPDATES_DIR / _name(base, ".npz"))
         if update.problem is not None:
-            self._write({**base, "status": "rejected", "reason": update.problem})
-            return
-        if not self._targeted(base["round"], base["client"]):
-            return
-        job, knowledge = self._job(update, base)
-        base["knowledge"] = knowledge
-        key = (base["round"], base["client"])
-        pool = self._ensure_pool()
-        result = pool.apply_async(
-            run_job,
-            (job,),
-            callback=lambda out: self._judge(out, base, update),
-            error_callback=lambda err: self._write(
-                {**base, "status": "error", "reason": f"{type(err).__name__}: {err}"}
-            ),
-        )
-        with self._lock:
-            self._pending[key] = (result, base, update)
+            self._write({**base, "attack": None, "status": "rejected", "reason": update.problem})
+            return 0
+        runs = self.runs_for(base["round"], base["client"])
+        ids = self._ids(update)  # the judge keeps these, not the update's arrays
+        queued = 0
+        for run in runs:
+            if (base["round"], base["client"], run.label) in self.done:
+                continue
+            record = {**base, "attack": run.attack, **({"loss": run.loss} if run.loss else {})}
+            if ATTACKS[run.attack].whole_model and update.arrays is None:
+                self._write(
+                    {**record, "status": "refused", "reason": "the update was not kept whole"},
+                    run.label,
+                )
+                continue
+            job, knowledge = self._job(update, base, run)
+            record["knowledge"] = knowledge
+            self._submit(
+                run.label,
+                record,
+                run_job,
+                job,
+                lambda out, r=record, lb=run.label: self._judge(out, r, ids, lb),
+            )
+            queued += 1
+        key = (base["round"], base["client"], PROXY_RUN)
+        if self.spec.proxies and runs and key not in self.done:
+            if update.sent_arrays is None:
+                self._write_proxies({**base, "status": "refused", "reason": "not kept whole"})
+            else:
+                row = {k: base[k] for k in ("round", "client", "node_id", "defence")}
+                self._submit(
+                    PROXY_RUN,
+                    row,
+                    run_proxy_job,
+                    self._proxy_job(update, base),
+                    lambda out, r=row: self._proxies_done(out, r),
+                )
+                queued += 1
+        return queued
 
     def finish(self) -> None:
-        """Wait (up to ``wait_s`` in all) for queued attacks; record the rest as timed out."""
+        """Wait (up to ``wait_s`` in all) for queued jobs; record the rest as timed out; then
+        write the per-round correlations of the proxies (``forecast.jsonl``)."""
         deadline = time.monotonic() + self.spec.wait_s
         with self._lock:
-            pending = list(self._pending.values())
-        for result, base, _ in pending:
+            pending = list(self._pending.items())
+        for (_, _, run), (result, record) in pending:
             result.wait(max(0.0, deadline - time.monotonic()))
             if not result.ready():
-                self._write(
-                    {
-                        **base,
-                        "status": "timeout",
-                        "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
-                    }
-                )
+                late = {
+                    **record,
+                    "status": "timeout",
+                    "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
+                }
+                if run == PROXY_RUN:
+                    self._write_proxies(late)
+                else:
+                    self._write(late, run)
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
         shutil.rmtree(self.run_dir / JOBS_DIR, ignore_errors=True)
+        if self.spec.proxies:
+            write_forecast(self.run_dir)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -190,10 +313,21 @@ class Auditor:
             self._pool = multiprocessing.get_context("spawn").Pool(self.spec.workers)
         return self._pool
 
-    def _targeted(self, server_round: int, client: int) -> bool:
-        return (not self.spec.rounds or server_round in self.spec.rounds) and (
-            not self.spec.clients or client in self.spec.clients
+    def _submit(self, run: str, record: dict[str, Any], func: Any, job: Any, callback: Any) -> None:
+        key = (record["round"], record["client"], run)
+
+        def failed(err: BaseException) -> None:
+            failure = {**record, "status": "error", "reason": f"{type(err).__name__}: {err}"}
+            if run == PROXY_RUN:
+                self._write_proxies(failure)
+            else:
+                self._write(failure, run)
+
+        result = self._ensure_pool().apply_async(
+            func, (job,), callback=callback, error_callback=failed
         )
+        with self._lock:
+            self._pending[key] = (result, record)
 
     @staticmethod
     def _base(update: InterceptedUpdate) -> dict[str, Any]:
@@ -210,13 +344,17 @@ class Auditor:
             "batch_size": len(update.audit.get("sample-ids", [])),
         }
 
+    def _ids(self, update: InterceptedUpdate) -> np.ndarray:
+        return np.asarray(update.audit.get("sample-ids", []), dtype=np.int64)
+
     def _job(
-        self, update: InterceptedUpdate, base: Mapping[str, Any]
+        self, update: InterceptedUpdate, base: Mapping[str, Any], run: AttackRun
     ) -> tuple[AttackJob, dict[str, str]]:
         """The attack's inputs: the update as a gradient, plus what the attacker may know."""
         declared = update.declared
         assert update.weight is not None and update.bias is not None
         lr = float(declared.get("lr", 1.0))
+        steps = int(declared.get("steps", 1))
         knowledge = {"lr": "declared" if "lr" in declared else "assumed 1"}
         batch_size = None
         if self.spec.knows_batch_size and "batch-size" in declared:
@@ -226,46 +364,115 @@ class Auditor:
             knowledge["batch_size"] = "estimated"
         # The weights arrive rounded to their dtype (float32): the difference of two rounded
         # weights carries that round-off, amplified by 1 / lr, as noise the server can compute.
-        rounding = rounding_noise(update.weight, lr) * math.sqrt(int(declared.get("steps", 1)))
+        rounding = rounding_noise(update.weight, lr) * math.sqrt(steps)
         noise_std = rounding
         knowledge["noise"] = "rounding" if rounding else "none"
         if self.spec.knows_noise and "noise-std" in declared:
             # Each step adds its own noise: the summed update carries sqrt(steps) times as much.
-            dp = float(declared["noise-std"]) * math.sqrt(int(declared.get("steps", 1)))
+            dp = float(declared["noise-std"]) * math.sqrt(steps)
             noise_std = math.hypot(dp, rounding)
             knowledge["noise"] = "declared" + (" + rounding" if rounding else "")
         elif base["defence"] == "dp":
             knowledge["noise"] = "unknown" + (" + rounding" if rounding else "")
-        arrays = write_arrays(
-            self.run_dir / JOBS_DIR / _name(base, ".npz"),
-            grad_weight=update_as_gradient(
-                update.sent_weight.astype(np.float64), update.weight.astype(np.float64), lr
-            ),
-            grad_bias=update_as_gradient(
-                update.sent_bias.astype(np.float64), update.bias.astype(np.float64), lr
-            ),
-            weight=update.sent_weight.astype(np.float64),
-            bias=update.sent_bias.astype(np.float64),
+        seed = self.seed * 7919 + base["round"] * 101 + base["client"]
+        path = self.run_dir / JOBS_DIR / _name(base, f"-{run.label}.npz")
+        w_key, b_key = self.layer
+        if run.attack == "spearpp":
+            arrays = write_arrays(
+                path,
+                weights={
+                    w_key: update.sent_weight.astype(np.float64),
+                    b_key: update.sent_bias.astype(np.float64),
+                },
+                gradient={
+                    w_key: update_as_gradient(
+                        update.sent_weight.astype(np.float64), update.weight.astype(np.float64), lr
+                    ),
+                    b_key: update_as_gradient(
+                        update.sent_bias.astype(np.float64), update.bias.astype(np.float64), lr
+                    ),
+                },
+            )
+            view = ServerView(
+                {}, {}, self.layer, batch_size=batch_size, noise_std=noise_std or None
+            )
+            return AttackJob(
+                base["round"],
+                base["client"],
+                run.label,
+                run.attack,
+                arrays,
+                view,
+                attack_config(self.spec, seed),
+            ), knowledge
+        assert update.sent_arrays is not None and update.arrays is not None
+        # The standard threat model for multi-step updates: match the pseudo-gradient, here
+        # the mean step, (sent - received) / (lr * steps), the scale of one batch gradient.
+        sent = {k: v.astype(np.float64) for k, v in update.sent_arrays.items()}
+        gradient = {
+            k: update_as_gradient(sent[k], update.arrays[k].astype(np.float64), lr) / steps
+            for k in sent
+        }
+        knowledge["gradient"] = f"update / (lr x {steps} steps)"
+        labels = None
+        if self.spec.knows_labels:
+            labels = tuple(int(v) for v in self.data.labels[self._ids(update)])
+        knowledge["labels"] = "told" if labels is not None else "recovered"
+        norm = self.data.normalization
+        bounds = (
+            tuple((0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)),
+            tuple((1 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)),
         )
-        job = AttackJob(
-            server_round=base["round"],
-            client=base["client"],
-            arrays=arrays,
+        knowledge["bounds"] = "pixel range through the normalisation"
+        view = ServerView(
+            {},
+            {},
+            self.layer,
+            architecture=self.architecture,
+            input_shape=(3, 32, 32),
             batch_size=batch_size,
-            noise_std=noise_std or None,
-            config=attack_config(
-                self.spec, self.seed * 7919 + base["round"] * 101 + base["client"]
-            ),
+            noise_std=(noise_std / steps) or None,
+            labels=labels,
+            bounds=bounds,
         )
-        return job, knowledge
+        assert run.loss is not None
+        return AttackJob(
+            base["round"],
+            base["client"],
+            run.label,
+            run.attack,
+            write_arrays(path, sent, gradient),
+            view,
+            inversion_config(self.spec, run.loss, seed),
+        ), knowledge
 
-    def _judge(self, out: AttackOutcome, base: dict[str, Any], update: InterceptedUpdate) -> None:
+    def _proxy_job(self, update: InterceptedUpdate, base: Mapping[str, Any]) -> ProxyJob:
+        assert update.sent_arrays is not None and self.architecture is not None
+        ids = self._ids(update)
+        inputs, labels = self.data.tensors(ids)
+        path = write_proxy_arrays(
+            self.run_dir / JOBS_DIR / _name(base, f"-{PROXY_RUN}.npz"),
+            dict(update.sent_arrays),
+            inputs.double().numpy(),
+            labels.numpy(),
+            ids,
+        )
+        return ProxyJob(
+            base["round"],
+            base["client"],
+            path,
+            self.architecture,
+            self.spec.proxy_tol,
+            self.spec.proxy_max_iter,
+            self.seed * 7919 + base["round"] * 101 + base["client"],
+        )
+
+    def _judge(self, out: AttackOutcome, base: dict[str, Any], ids: np.ndarray, run: str) -> None:
         """Score a finished attack against the samples the client trained on; file it."""
         record = {**base, "seconds": out.seconds}
         if out.error is not None or out.inputs is None:
-            self._write({**record, "status": "refused", "reason": out.error})
+            self._write({**record, "status": "refused", "reason": out.error}, run)
             return
-        ids = np.asarray(update.audit.get("sample-ids", []), dtype=np.int64)
         truth = torch.from_numpy(self.data.images[ids]).permute(0, 3, 1, 2).double() / 255
         rec = self.data.normalization.undo(torch.from_numpy(out.inputs).reshape(-1, 3, 32, 32))
         quality = match_and_score(rec, truth)
@@ -279,18 +486,50 @@ class Auditor:
             "confidence_mean": summary["confidence_mean"],
             "timings": summary["timings"],
             "counts": summary["counts"],
+            "samples": [
+                {"id": int(i), "label": int(self.data.labels[i]), "psnr": float(p), "mse": float(m)}
+                for i, p, m in zip(ids, quality.psnr, quality.mse, strict=True)
+            ],
         }
+        if "label_values" in summary["settings"]:
+            record["labels_recovered"] = summary["settings"]["label_values"]
         if self.spec.grids and len(ids):
             matched = np.zeros_like(truth.numpy())
             ok = quality.match >= 0
             matched[ok] = rec.numpy()[quality.match[ok]]
-            name = _name(base, ".png")
+            name = _name(base, ".png" if run == "spearpp" else f"-{run}.png")
             save_grid(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
             record["grid"] = f"{GRID_DIR}/{name}"
-        self._write(record)
+        self._write(record, run)
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _proxies_done(self, out: ProxyOutcome, row: dict[str, Any]) -> None:
+        self._write_proxies(
+            {**row, "status": "done", "seconds": out.seconds, "samples": out.samples}
+        )
+
+    def _write(self, record: dict[str, Any], run: str | None = None) -> None:
         with self._lock:
             append_jsonl(self.run_dir / AUDIT_FILE, record)
-            self._pending.pop((record["round"], record["client"]), None)
-            (self.run_dir / JOBS_DIR / _name(record, ".npz")).unlink(missing_ok=True)
+            if run is not None:
+                self._forget(record, run)
+
+    def _write_proxies(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            append_jsonl(self.run_dir / PROXIES_FILE, row)
+            self._forget(row, PROXY_RUN)
+
+    def _forget(self, record: Mapping[str, Any], run: str) -> None:
+        self._pending.pop((record["round"], record["client"], run), None)
+        (self.run_dir / JOBS_DIR / _name(record, f"-{run}.npz")).unlink(missing_ok=True)
+
+
+def write_forecast(run_dir: Path) -> Path:
+    """``forecast_samples.jsonl``: per sample, its proxies beside the MSE and PSNR of every
+    attack run that scored it; ``forecast.jsonl``: per round and optimisation-attack run (then
+    over all rounds), the Spearman correlation of each proxy with the attack's MSE. Both are
+    rewritten from ``audit.jsonl`` and ``proxies.jsonl`` each time (derived, not records)."""
+    samples = joined_samples(read_jsonl(run_dir / AUDIT_FILE), read_jsonl(run_dir / PROXIES_FILE))
+    (run_dir / FORECAST_SAMPLES_FILE).write_text("".join(json.dumps(s) + "\n" for s in samples))
+    path = run_dir / FORECAST_FILE
+    path.write_text("".join(json.dumps(row) + "\n" for row in round_correlations(samples)))
+    return path

@@ -1,52 +1,77 @@
 """One reconstruction as a picklable job for an attack worker process.
 
-The worker sees only what the job carries: the server's view of the layer and the knowledge the
-scenario lets the attacker use. Ground truth never enters a job.
+The worker sees only what the job carries: the server's view of the update and the knowledge
+the scenario lets the attacker use. Ground truth never enters an attack job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attacks import AttackInputError, SpearConfig, reconstruct
+from attacks import AttackInputError, ServerView, run_attack
 
 
 @dataclass(frozen=True)
 class AttackJob:
-    """One reconstruction: where its arrays are, what the attacker may know, and its key.
+    """One reconstruction: where its arrays are, the attack and its settings, and its key.
 
-    The arrays (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, float64) travel as an
-    .npz file, not through the worker pool's pipe: a pipe clogged with megabytes of pending
-    jobs would hang the pool's shutdown.
+    The arrays (the server's weights and the update as a gradient, float64) travel as an .npz
+    file, not through the worker pool's pipe: a pipe clogged with megabytes of pending jobs
+    would hang the pool's shutdown. ``view`` holds everything else the attacker may use.
+
+    Attributes
+    ----------
+    server_round, client
+        Whose update.
+    run
+        The record's label: the attack's name, with the loss for the inversion attack
+        (``spearpp``, ``inversion-cosine``, ...).
+    attack
+        Registry name (``attacks.ATTACKS``).
+    arrays
+        Path of the .npz (see :func:`write_arrays`).
+    view
+        The server's view, its ``weights`` and ``gradient`` left empty.
+    config
+        The attack's settings.
     """
 
     server_round: int
     client: int
+    run: str
+    attack: str
     arrays: str
-    batch_size: int | None
-    noise_std: float | None
-    config: SpearConfig
-
-
-ARRAY_NAMES = ("grad_weight", "grad_bias", "weight", "bias")
+    view: ServerView
+    config: Any
 
 
 def write_arrays(
-    path: Path,
-    grad_weight: np.ndarray,
-    grad_bias: np.ndarray,
-    weight: np.ndarray,
-    bias: np.ndarray,
+    path: Path, weights: Mapping[str, np.ndarray], gradient: Mapping[str, np.ndarray]
 ) -> str:
-    """Store a job's arrays; returns the path as a string."""
+    """Store a job's arrays (``weight:KEY``, ``gradient:KEY``); returns the path as a string."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, grad_weight=grad_weight, grad_bias=grad_bias, weight=weight, bias=bias)
+    arrays: dict[str, Any] = {f"weight:{k}": v for k, v in weights.items()}
+    arrays |= {f"gradient:{k}": v for k, v in gradient.items()}
+    np.savez(path, **arrays)
     return str(path)
+
+
+def read_arrays(path: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Inverse of :func:`write_arrays`: the weights and the gradient by key."""
+    weights: dict[str, np.ndarray] = {}
+    gradient: dict[str, np.ndarray] = {}
+    with np.load(path) as f:
+        for name in f.files:
+            kind, _, key = name.partition(":")
+            (weights if kind == "weight" else gradient)[key] = f[name]
+    return weights, gradient
 
 
 @dataclass(frozen=True)
@@ -62,17 +87,12 @@ class AttackOutcome:
 
 
 def run_job(job: AttackJob) -> AttackOutcome:
-    """Run SPEAR++ on a job; an input the attack refuses becomes an outcome with its reason."""
+    """Run a job's attack; an input the attack refuses becomes an outcome with its reason."""
     start = time.perf_counter()
-    with np.load(job.arrays) as f:
-        arrays = {name: f[name] for name in ARRAY_NAMES}
+    weights, gradient = read_arrays(job.arrays)
+    view = dataclasses.replace(job.view, weights=weights, gradient=gradient)
     try:
-        rec = reconstruct(
-            **arrays,
-            batch_size=job.batch_size,
-            noise_std=job.noise_std,
-            config=job.config,
-        )
+        rec = run_attack(job.attack, view, job.config)
     except AttackInputError as err:
         return AttackOutcome(
             job.server_round, job.client, None, {}, f"refused: {err}", time.perf_counter() - start

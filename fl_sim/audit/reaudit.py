@@ -6,15 +6,25 @@ import json
 import time
 from pathlib import Path
 
-from fl_sim.audit.auditor import AUDIT_FILE, UPDATES_DIR, Auditor, load_update
+from fl_sim.apps.server import attacked_layer
+from fl_sim.audit.auditor import (
+    AUDIT_FILE,
+    PROXIES_FILE,
+    PROXY_RUN,
+    UPDATES_DIR,
+    Auditor,
+    load_update,
+)
 from fl_sim.config import parse_scenario
 from fl_sim.data.federated import federated_data
+from fl_sim.forecast.table import record_run
 from fl_sim.report.build import read_jsonl
 
 
 def reaudit(run_dir: Path, redo: bool = False) -> int:
-    """Attack the stored updates of ``run_dir`` that have no record yet (all with ``redo``;
-    the earlier records are then kept in ``audit-<time>.jsonl``). Returns how many were queued.
+    """Attack the stored updates of ``run_dir`` that have no record yet, per attack (and
+    compute missing proxies); all with ``redo`` (the earlier records are then kept in
+    ``audit-<time>.jsonl`` and ``proxies-<time>.jsonl``). Returns how many updates were queued.
 
     Raises
     ------
@@ -28,20 +38,28 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         )
     raw = json.loads((run_dir / "scenario.json").read_text())["resolved"]
     scenario = parse_scenario(raw)
-    audit_file = run_dir / AUDIT_FILE
-    if redo and audit_file.exists():
-        audit_file.rename(run_dir / f"audit-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-    done = {(r["round"], r["client"]) for r in read_jsonl(audit_file)}
+    audit_file, proxies_file = run_dir / AUDIT_FILE, run_dir / PROXIES_FILE
+    if redo:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for path in (audit_file, proxies_file):
+            if path.exists():
+                path.rename(run_dir / f"{path.stem}-{stamp}.jsonl")
+    done = {(r["round"], r["client"], record_run(r)) for r in read_jsonl(audit_file)}
+    done |= {(r["round"], r["client"], PROXY_RUN) for r in read_jsonl(proxies_file)}
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    auditor = Auditor(scenario.audit, data, run_dir, scenario.seed)
+    auditor = Auditor(
+        scenario.audit,
+        data,
+        run_dir,
+        scenario.seed,
+        architecture=scenario.model.build(),
+        layer=attacked_layer(scenario),
+        done=done,
+    )
     queued = 0
     try:
         for path in stored:
-            update = load_update(path)
-            key = (update.server_round, int(update.declared.get("partition-id", update.node_id)))
-            if key not in done:
-                auditor(update)
-                queued += 1
+            queued += auditor.queue(load_update(path)) > 0
     finally:
         auditor.finish()
     return queued

@@ -10,8 +10,18 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from attacks import ATTACKS, InversionConfig
+from attacks.inversion import LOSSES
 from clients import TRAINERS, LocalTraining
-from fl_sim.config.schema import AuditSpec, ClientSpec, DataSpec, ModelSpec, Scenario
+from fl_sim.config.schema import (
+    AttackTargets,
+    AuditSpec,
+    ClientSpec,
+    DataSpec,
+    InversionSpec,
+    ModelSpec,
+    Scenario,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +46,7 @@ _CHOICES = {
     "data.partition": ("iid", "dirichlet"),
     "model.dtype": ("float64", "float32"),
     "defence": tuple(TRAINERS),
+    "audit.inversion.dtype": ("float32", "float64"),
 }
 
 
@@ -122,7 +133,6 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     resources = _table(raw.get("resources", {}), "resources.", _RESOURCES)
     data = DataSpec(**_table(raw.get("data", {}), "data.", _spec_of(DataSpec)))
     model = ModelSpec(**_table(raw.get("model", {}), "model.", _spec_of(ModelSpec)))
-    audit = _audit(raw.get("audit", {}))
     clients_raw = dict(raw.get("clients", {}))
     count = _typed("clients.count", clients_raw.pop("count", 2), int)
     if count < 1:
@@ -139,6 +149,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     rounds = top.get("rounds", 3)
     if rounds < 1:
         raise ConfigError(f"rounds = {rounds}: must be >= 1")
+    audit = _audit(raw.get("audit", {}), rounds, count)
     _check_data(data)
     _check_model(model)
     for spec in specs:
@@ -159,23 +170,98 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     )
 
 
-_AUDIT_LISTS = ("rounds", "clients")
+_TARGET_LISTS = ("rounds", "clients")
+# Audit keys that are not scalars: target lists, the attack list and the per-attack tables.
+_AUDIT_NESTED = (*_TARGET_LISTS, "attacks", "spearpp", "inversion")
 
 
-def _audit(raw: Mapping[str, Any]) -> AuditSpec:
-    scalars = {k: v for k, v in raw.items() if k not in _AUDIT_LISTS}
-    out = _table(scalars, "audit.", _spec_of(AuditSpec, _AUDIT_LISTS))
-    for key in _AUDIT_LISTS:
-        if key in raw:
-            value = raw[key]
-            if not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
-                raise ConfigError(f"audit.{key} = {value!r}: expected a list of ints ([] = all)")
-            out[key] = tuple(value)
+def _ids(key: str, value: Any, low: int, high: int) -> tuple[int, ...]:
+    """A list of ints in [low, high] (``[]``: all)."""
+    if not (isinstance(value, list) and all(type(v) is int for v in value)):
+        raise ConfigError(f"{key} = {value!r}: expected a list of ints ([] = all)")
+    bad = [v for v in value if not low <= v <= high]
+    if bad:
+        raise ConfigError(f"{key} = {value!r}: {bad} outside {low}..{high}")
+    return tuple(value)
+
+
+def _names(key: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A non-empty list of distinct names out of ``allowed``."""
+    if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        raise ConfigError(
+            f"{key} = {value!r}: expected a non-empty list out of {', '.join(allowed)}"
+        )
+    bad = [v for v in value if v not in allowed]
+    if bad or len(set(value)) != len(value):
+        raise ConfigError(f"{key} = {value!r}: allowed are {', '.join(allowed)}, each at most once")
+    return tuple(value)
+
+
+def _known(prefix: str, raw: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    names = sorted(allowed)
+    for key in raw:
+        if key not in names:
+            raise ConfigError(f"unknown key '{prefix}.{key}': allowed are {', '.join(names)}")
+
+
+def _targets(prefix: str, raw: Mapping[str, Any], rounds: int, count: int) -> dict[str, Any]:
+    """The ``rounds`` and ``clients`` lists of a table, checked against the run."""
+    limits = {"rounds": (1, rounds), "clients": (0, count - 1)}
+    return {k: _ids(f"{prefix}.{k}", raw[k], *limits[k]) for k in _TARGET_LISTS if k in raw}
+
+
+def _inversion(raw: Any, rounds: int, count: int) -> InversionSpec:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"audit.inversion = {raw!r}: expected a table")
+    nested = (*_TARGET_LISTS, "losses")
+    _known("audit.inversion", raw, [*_spec_of(InversionSpec, nested), *nested])
+    out = _table(
+        {k: v for k, v in raw.items() if k not in nested},
+        "audit.inversion.",
+        _spec_of(InversionSpec, nested),
+    )
+    out |= _targets("audit.inversion", raw, rounds, count)
+    if "losses" in raw:
+        out["losses"] = _names("audit.inversion.losses", raw["losses"], LOSSES)
+    spec = InversionSpec(**out)
+    for key in ("restarts", "iterations"):
+        if getattr(spec, key) < 1:
+            raise ConfigError(f"audit.inversion.{key} = {getattr(spec, key)}: must be >= 1")
+    if not spec.lr > 0:
+        raise ConfigError(f"audit.inversion.lr = {spec.lr}: must be > 0")
+    if not spec.tv >= 0:
+        raise ConfigError(f"audit.inversion.tv = {spec.tv}: must be >= 0")
+    try:
+        InversionConfig(device=spec.device)
+    except ValueError:
+        raise ConfigError(
+            f"audit.inversion.device = {spec.device!r}: allowed are auto, cpu, cuda, cuda:N"
+        ) from None
+    return spec
+
+
+def _audit(raw: Mapping[str, Any], rounds: int, count: int) -> AuditSpec:
+    _known("audit", raw, [*_spec_of(AuditSpec, _AUDIT_NESTED), *_AUDIT_NESTED])
+    scalars = {k: v for k, v in raw.items() if k not in _AUDIT_NESTED}
+    out = _table(scalars, "audit.", _spec_of(AuditSpec, _AUDIT_NESTED))
+    out |= _targets("audit", raw, rounds, count)
+    if "attacks" in raw:
+        out["attacks"] = _names("audit.attacks", raw["attacks"], tuple(sorted(ATTACKS)))
+    if "spearpp" in raw:
+        table = raw["spearpp"]
+        if not isinstance(table, dict) or set(table) - set(_TARGET_LISTS):
+            raise ConfigError(
+                f"audit.spearpp = {table!r}: a table of {', '.join(_TARGET_LISTS)} (SPEAR++'s "
+                "budget keys starts, steps, ... stay in [audit])"
+            )
+        out["spearpp"] = AttackTargets(**_targets("audit.spearpp", table, rounds, count))
+    if "inversion" in raw:
+        out["inversion"] = _inversion(raw["inversion"], rounds, count)
     spec = AuditSpec(**out)
-    for key in ("starts", "steps", "max_passes", "workers"):
+    for key in ("starts", "steps", "max_passes", "workers", "proxy_max_iter"):
         if getattr(spec, key) < 1:
             raise ConfigError(f"audit.{key} = {getattr(spec, key)}: must be >= 1")
-    for key in ("time_budget_s", "wait_s"):
+    for key in ("time_budget_s", "wait_s", "proxy_tol"):
         if getattr(spec, key) <= 0:
             raise ConfigError(f"audit.{key} = {getattr(spec, key)}: must be > 0")
     return spec

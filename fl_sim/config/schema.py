@@ -79,6 +79,56 @@ class ClientSpec:
 
 
 @dataclass(frozen=True)
+class AttackTargets:
+    """Which audited rounds and clients one attack runs on (empty: every audited one).
+
+    An attack runs on a client's update of a round when the audit targets it (``audit.rounds``,
+    ``audit.clients``) and so does the attack's own table (``[audit.spearpp]``,
+    ``[audit.inversion]``).
+    """
+
+    rounds: tuple[int, ...] = ()
+    clients: tuple[int, ...] = ()
+
+    def covers(self, server_round: int, client: int) -> bool:
+        """Whether (round, client) is in these targets."""
+        return (not self.rounds or server_round in self.rounds) and (
+            not self.clients or client in self.clients
+        )
+
+
+@dataclass(frozen=True)
+class InversionSpec:
+    """Where and how the optimisation-based attack runs (``[audit.inversion]``).
+
+    Parameters
+    ----------
+    rounds, clients
+        Its targets within the audit's (empty: all).
+    losses
+        Gradient distances, one attack per loss: ``cosine`` and/or ``l2``.
+    restarts, iterations, lr, tv, signed, dtype, device
+        As in :class:`attacks.InversionConfig`.
+    """
+
+    rounds: tuple[int, ...] = ()
+    clients: tuple[int, ...] = ()
+    losses: tuple[str, ...] = ("cosine",)
+    restarts: int = 2
+    iterations: int = 1000
+    lr: float = 0.1
+    tv: float = 1e-4
+    signed: bool = True
+    dtype: str = "float32"
+    device: str = "auto"
+
+    @property
+    def targets(self) -> AttackTargets:
+        """Its rounds and clients."""
+        return AttackTargets(self.rounds, self.clients)
+
+
+@dataclass(frozen=True)
 class AuditSpec:
     """What the honest-but-curious server attacks, with what knowledge and budget.
 
@@ -88,10 +138,24 @@ class AuditSpec:
         Intercept and attack at all.
     rounds, clients
         Which rounds and client ids to attack (empty: all).
+    attacks
+        Attacks to run, by registry name (``attacks.ATTACKS``): ``spearpp``, ``inversion``.
+    spearpp
+        SPEAR++'s own targets within the audit's (``[audit.spearpp]``).
+    inversion
+        The optimisation attack's targets and settings (``[audit.inversion]``).
+    proxies
+        Compute each attacked sample's vulnerability proxies (gradient norm, LAVP) at the
+        ground truth (``proxies.jsonl``; with the inversion attack, ``forecast.jsonl``).
+    proxy_tol, proxy_max_iter
+        Lanczos tolerance and cap per LAVP eigenvalue search.
     knows_batch_size
         The attacker may use the batch size the client declares (else it estimates it).
     knows_noise
         The attacker may use the DP noise level the client declares.
+    knows_labels
+        The inversion attack is told the batch's labels (else it recovers them from the
+        head's gradient).
     starts, steps, max_passes, time_budget_s
         SPEAR++ budget per reconstruction (the time budget stops new passes).
     workers
@@ -103,14 +167,22 @@ class AuditSpec:
         Save an image grid (originals over reconstructions) per record.
     keep_updates
         Save every intercepted update under ``updates/`` so ``fl-sim audit RUN_DIR`` can resume
-        an interrupted audit or redo it (about 4.7 MB per client and round at m = 200).
+        an interrupted audit or redo it (about 4.7 MB per client and round at m = 200; the
+        whole model's arrays too where a whole-model attack or the proxies need them).
     """
 
     enabled: bool = True
     rounds: tuple[int, ...] = ()
     clients: tuple[int, ...] = ()
+    attacks: tuple[str, ...] = ("spearpp",)
+    spearpp: AttackTargets = AttackTargets()
+    inversion: InversionSpec = InversionSpec()
+    proxies: bool = False
+    proxy_tol: float = 1e-8
+    proxy_max_iter: int = 300
     knows_batch_size: bool = False
     knows_noise: bool = True
+    knows_labels: bool = False
     starts: int = 2000
     steps: int = 1000
     max_passes: int = 4
@@ -119,6 +191,11 @@ class AuditSpec:
     wait_s: float = 600.0
     grids: bool = True
     keep_updates: bool = False
+
+    @property
+    def targets(self) -> AttackTargets:
+        """The audit's rounds and clients."""
+        return AttackTargets(self.rounds, self.clients)
 
 
 @dataclass(frozen=True)

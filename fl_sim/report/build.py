@@ -9,6 +9,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fl_sim.forecast.table import (
+    client_exposure,
+    is_spearpp,
+    joined_samples,
+    record_run,
+    round_correlations,
+)
+from fl_sim.report.forecast import correlation_table, exposure_table, forecast_scatter
 from fl_sim.report.plots import epsilon_vs_leakage, leakage_per_defence, leakage_per_round
 
 REPORT_FILE = "report.html"
@@ -26,10 +34,12 @@ def _fmt(value: Any, pattern: str = "{:.1f}") -> str:
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:
-    """Per client: defence, last epsilon, rounds attacked, statuses, PSNR and exact shares."""
+    """Per client, SPEAR++ records only: defence, last epsilon, rounds attacked, statuses, PSNR
+    and exact shares."""
     by_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        by_client[r["client"]].append(r)
+        if is_spearpp(r):
+            by_client[r["client"]].append(r)
     header = (
         f"{'client':>6}  {'defence':<8} {'epsilon':>10} {'rounds':>6}  {'statuses':<22} "
         f"{'PSNR mean':>9} {'PSNR min':>8} {'exact':>6} {'near':>6}"
@@ -55,6 +65,51 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def inversion_table(records: list[dict[str, Any]]) -> str:
+    """Per client and optimisation-attack run: records, PSNR mean, median MSE over samples and
+    the share of batches whose labels were recovered right ('' when no such record)."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if not is_spearpp(r) and r.get("psnr_mean") is not None:
+            groups[(r["client"], record_run(r))].append(r)
+    if not groups:
+        return ""
+    header = (
+        f"{'client':>6}  {'defence':<8} {'attack run':<18} {'rounds':>6} {'PSNR mean':>9} "
+        f"{'MSE median':>10} {'labels':>6}"
+    )
+    lines = [header, "-" * len(header)]
+    for (client, run), rows in sorted(groups.items()):
+        mse = sorted(s["mse"] for r in rows for s in r.get("samples", []))
+        right = [
+            sorted(r["labels_recovered"]) == sorted(s["label"] for s in r["samples"])
+            for r in rows
+            if "labels_recovered" in r and "samples" in r
+        ]
+        lines.append(
+            f"{client:>6}  {rows[0]['defence']:<8} {run:<18} {len(rows):>6} "
+            f"{sum(r['psnr_mean'] for r in rows) / len(rows):>9.1f} "
+            f"{_fmt(mse[len(mse) // 2] if mse else None, '{:.2e}'):>10} "
+            f"{_fmt(sum(right) / len(right) * 100 if right else None, '{:.0f}%'):>6}"
+        )
+    return "\n".join(lines)
+
+
+def forecast_tables(run_dir: Path) -> tuple[str, str, list[dict[str, Any]]]:
+    """The proxies' correlation table and client exposure table of a run ('' where there is
+    nothing to show), and the joined per-sample rows."""
+    records = read_jsonl(run_dir / "audit.jsonl")
+    samples = joined_samples(records, read_jsonl(run_dir / "proxies.jsonl"))
+    if not samples:
+        return "", "", samples
+    rows = round_correlations(samples)
+    return (
+        correlation_table(rows) if rows else "",
+        exposure_table(client_exposure(samples, records)),
+        samples,
+    )
+
+
 def _img(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
@@ -69,7 +124,7 @@ def build_report(run_dir: Path) -> Path:
     )
     plots_dir = run_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
-    scored = [r for r in records if r.get("psnr_mean") is not None]
+    scored = [r for r in records if r.get("psnr_mean") is not None and is_spearpp(r)]
     figures = []
     if scored:
         figures = [
@@ -82,6 +137,8 @@ def build_report(run_dir: Path) -> Path:
         ]
     if (run_dir / "accuracy.png").is_file():
         figures.append(("Global model", run_dir / "accuracy.png"))
+    correlations, exposure, samples = forecast_tables(run_dir)
+    scatter = forecast_scatter(samples, plots_dir / "forecast.png")
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>fl-sim leakage audit</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}"
@@ -97,12 +154,33 @@ def build_report(run_dir: Path) -> Path:
     ]
     for title, path in figures:
         parts.append(f"<h2>{html.escape(title)}</h2>{_img(path, title)}")
+    inversion = inversion_table(records)
+    if inversion:
+        parts.append(
+            "<h2>Optimisation attack (gradient matching)</h2><p>PSNR per sample after "
+            "matching, on [0, 1] pixels; labels = share of batches whose label multiset was "
+            f"recovered right.</p><pre>{html.escape(inversion)}</pre>"
+        )
+    if exposure:
+        parts.append(
+            "<h2>Forecast: vulnerability proxies</h2><p>Per sample at its ground truth: the "
+            "gradient norm |g| and LAVP, extreme eigenvalues of each attack loss's input "
+            "Hessian (L2 max/min, cosine min/max; fused = sqrt(L2 max x cosine min)). "
+            "Spearman's rho of each proxy with the optimisation attack's MSE, per round "
+            "(negative: a larger proxy forecasts a better reconstruction):</p>"
+            f"<pre>{html.escape(correlations or 'no optimisation attack scored a sample')}</pre>"
+            "<p>Clients ranked by each proxy (1 = largest median over its samples: most exposed "
+            "as the paper reads LAVP), beside what SPEAR++ recovered from them:</p>"
+            f"<pre>{html.escape(exposure)}</pre>"
+        )
+    if scatter is not None:
+        parts.append(f"<h2>Proxy against MSE, per loss</h2>{_img(scatter, 'forecast')}")
     parts.append(
         "<h2>Every reconstruction</h2><table><tr><th>round</th><th>client</th>"
-        "<th>defence</th><th>epsilon</th><th>status</th><th>B / B_hat</th>"
+        "<th>attack</th><th>defence</th><th>epsilon</th><th>status</th><th>B / B_hat</th>"
         "<th>PSNR mean</th><th>exact</th><th>originals (top) / reconstructions</th></tr>"
     )
-    for r in sorted(records, key=lambda r: (r["round"], r["client"])):
+    for r in sorted(records, key=lambda r: (r["round"], r["client"], record_run(r))):
         grid = run_dir / r["grid"] if r.get("grid") else None
         cell = (
             _img(grid, f"round {r['round']} client {r['client']}")
@@ -110,7 +188,9 @@ def build_report(run_dir: Path) -> Path:
             else html.escape(str(r.get("reason") or ""))
         )
         parts.append(
-            f"<tr><td>{r['round']}</td><td>{r['client']}</td><td>{html.escape(r['defence'])}</td>"
+            f"<tr><td>{r['round']}</td><td>{r['client']}</td>"
+            f"<td>{html.escape(record_run(r) if r['status'] != 'rejected' else '-')}</td>"
+            f"<td>{html.escape(r['defence'])}</td>"
             f"<td>{_fmt(r.get('epsilon'), '{:.3g}')}</td><td>{html.escape(r['status'])}</td>"
             f"<td>{r.get('batch_size')} / {_fmt(r.get('batch_size_estimated'), '{}')}</td>"
             f"<td>{_fmt(r.get('psnr_mean'))}</td>"
