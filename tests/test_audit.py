@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, AttackRun, Auditor
+from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, Auditor
 from fl_sim.audit.job import AttackJob
+from fl_sim.audit.plans import AttackRun
 from fl_sim.audit.reaudit import reaudit
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.data.federated import federated_data

@@ -17,9 +17,8 @@ from fl_sim.audit.auditor import (
     FORECAST_SAMPLES_FILE,
     PROXIES_FILE,
     Auditor,
-    load_update,
-    save_update,
 )
+from fl_sim.audit.updates import load_update, save_update
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.config.schema import InversionSpec
 from fl_sim.data.federated import federated_data
@@ -146,3 +145,14 @@ def test_a_whole_update_is_stored_and_read_back(tmp_path: Path) -> None:
     )
     assert all(np.array_equal(back.arrays[k], update.arrays[k]) for k in update.arrays)
     assert back.declared == update.declared and np.array_equal(back.weight, update.weight)
+
+
+def test_every_registered_attack_has_an_audit_plan() -> None:
+    from attacks import ATTACKS
+    from fl_sim.audit.plans import PLANS, audit_runs
+
+    assert set(PLANS) == set(ATTACKS)
+    spec = AuditSpec(
+        attacks=("spearpp", "inversion"), inversion=InversionSpec(losses=("l2", "cosine"))
+    )
+    assert [r.label for r in audit_runs(spec)] == ["spearpp", "inversion-l2", "inversion-cosine"]

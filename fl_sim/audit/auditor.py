@@ -11,6 +11,7 @@ and in the judge's own proxy jobs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -19,7 +20,6 @@ import shutil
 import threading
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
@@ -28,12 +28,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks import ATTACKS, InversionConfig, ServerView, SpearConfig
+from attacks import ATTACKS, ServerView
 from fl_sim.apps.recorder import append_jsonl
 from fl_sim.audit.grid import save_grid
 from fl_sim.audit.job import AttackJob, AttackOutcome, run_job, write_arrays
 from fl_sim.audit.metrics import match_and_score
+from fl_sim.audit.plans import PLANS, AttackRun, audit_runs, covers
 from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, run_proxy_job, write_proxy_arrays
+from fl_sim.audit.updates import save_update
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.forecast.table import joined_samples, round_correlations
@@ -58,93 +60,8 @@ GRID_DIR = "grids"
 PROXY_RUN = "proxies"
 
 
-@dataclass(frozen=True)
-class AttackRun:
-    """One attack the audit runs on an update: its label in records, registry name, loss."""
-
-    label: str
-    attack: str
-    loss: str | None = None
-
-
-def attack_config(spec: AuditSpec, seed: int) -> SpearConfig:
-    """The SPEAR++ settings an audit uses."""
-    return SpearConfig(
-        starts=spec.starts,
-        steps=spec.steps,
-        max_passes=spec.max_passes,
-        time_budget_s=spec.time_budget_s,
-        seed=seed,
-    )
-
-
-def inversion_config(spec: AuditSpec, loss: str, seed: int) -> InversionConfig:
-    """The optimisation attack's settings for one loss."""
-    inv = spec.inversion
-    return InversionConfig(
-        loss=loss,  # type: ignore[arg-type]
-        restarts=inv.restarts,
-        iterations=inv.iterations,
-        lr=inv.lr,
-        tv=inv.tv,
-        signed=inv.signed,
-        dtype=inv.dtype,  # type: ignore[arg-type]
-        device=inv.device,
-        seed=seed,
-    )
-
-
 def _name(base: Mapping[str, Any], suffix: str) -> str:
     return f"r{base['round']:03d}-c{base['client']:03d}{suffix}"
-
-
-def save_update(update: InterceptedUpdate, path: Path) -> None:
-    """Store an intercepted update (arrays as received, declarations as JSON; every array as
-    sent and received when it was kept whole)."""
-    assert update.weight is not None and update.bias is not None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    whole: dict[str, Any] = {}
-    if update.sent_arrays is not None and update.arrays is not None:
-        whole = {f"sent:{k}": v for k, v in update.sent_arrays.items()}
-        whole |= {f"received:{k}": v for k, v in update.arrays.items()}
-    np.savez(
-        path,
-        sent_weight=update.sent_weight,
-        sent_bias=update.sent_bias,
-        weight=update.weight,
-        bias=update.bias,
-        meta=np.asarray(
-            json.dumps(
-                {
-                    "server_round": update.server_round,
-                    "node_id": update.node_id,
-                    "declared": dict(update.declared),
-                    "audit": dict(update.audit),
-                }
-            )
-        ),
-        **whole,
-    )
-
-
-def load_update(path: Path) -> InterceptedUpdate:
-    """Inverse of :func:`save_update`."""
-    with np.load(path) as f:
-        meta = json.loads(str(f["meta"]))
-        sent = {n.partition(":")[2]: f[n] for n in f.files if n.startswith("sent:")}
-        received = {n.partition(":")[2]: f[n] for n in f.files if n.startswith("received:")}
-        return InterceptedUpdate(
-            server_round=meta["server_round"],
-            node_id=meta["node_id"],
-            declared=meta["declared"],
-            sent_weight=f["sent_weight"],
-            sent_bias=f["sent_bias"],
-            weight=f["weight"],
-            bias=f["bias"],
-            audit=meta["audit"],
-            sent_arrays=sent or None,
-            arrays=received or None,
-        )
 
 
 def rounding_noise(received: np.ndarray, lr: float) -> float:
@@ -200,11 +117,7 @@ class Auditor:
         self.seed = seed
         self.layer = layer
         self.done = frozenset(done)
-        self.runs = tuple(
-            AttackRun(f"{name}-{loss}", name, loss) if loss else AttackRun(name, name)
-            for name in spec.attacks
-            for loss in (spec.inversion.losses if name == "inversion" else (None,))
-        )
+        self.runs = audit_runs(spec)
         needs_model = spec.proxies or any(ATTACKS[r.attack].whole_model for r in self.runs)
         if needs_model and architecture is None:
             raise ValueError("the audit's attacks or proxies need the model's architecture")
@@ -220,10 +133,7 @@ class Auditor:
 
     def runs_for(self, server_round: int, client: int) -> list[AttackRun]:
         """The attacks the audit runs on this client's update of this round."""
-        if not self.spec.targets.covers(server_round, client):
-            return []
-        targets = {"spearpp": self.spec.spearpp, "inversion": self.spec.inversion.targets}
-        return [r for r in self.runs if targets[r.attack].covers(server_round, client)]
+        return [r for r in self.runs if covers(self.spec, r, server_round, client)]
 
     def keeps_whole(self, server_round: int, declared: Mapping[str, Any]) -> bool:
         """Whether this reply is needed whole: a whole-model attack or the proxies target it."""
@@ -376,35 +286,45 @@ class Auditor:
             knowledge["noise"] = "unknown" + (" + rounding" if rounding else "")
         seed = self.seed * 7919 + base["round"] * 101 + base["client"]
         path = self.run_dir / JOBS_DIR / _name(base, f"-{run.label}.npz")
+        if ATTACKS[run.attack].whole_model:
+            arrays, view = self._whole_view(update, path, lr, steps, noise_std, knowledge)
+        else:
+            arrays, view = self._layer_view(update, path, lr, noise_std)
+        view = dataclasses.replace(view, batch_size=batch_size)
+        config = PLANS[run.attack].settings(self.spec, run, seed)
+        job = AttackJob(base["round"], base["client"], run.label, run.attack, arrays, view, config)
+        return job, knowledge
+
+    def _layer_view(
+        self, update: InterceptedUpdate, path: Path, lr: float, noise_std: float
+    ) -> tuple[str, ServerView]:
+        """The first layer's arrays (written to ``path``) and the view of a first-layer attack."""
+        assert update.weight is not None and update.bias is not None
         w_key, b_key = self.layer
-        if run.attack == "spearpp":
-            arrays = write_arrays(
-                path,
-                weights={
-                    w_key: update.sent_weight.astype(np.float64),
-                    b_key: update.sent_bias.astype(np.float64),
-                },
-                gradient={
-                    w_key: update_as_gradient(
-                        update.sent_weight.astype(np.float64), update.weight.astype(np.float64), lr
-                    ),
-                    b_key: update_as_gradient(
-                        update.sent_bias.astype(np.float64), update.bias.astype(np.float64), lr
-                    ),
-                },
-            )
-            view = ServerView(
-                {}, {}, self.layer, batch_size=batch_size, noise_std=noise_std or None
-            )
-            return AttackJob(
-                base["round"],
-                base["client"],
-                run.label,
-                run.attack,
-                arrays,
-                view,
-                attack_config(self.spec, seed),
-            ), knowledge
+        sent = {w_key: update.sent_weight, b_key: update.sent_bias}
+        received = {w_key: update.weight, b_key: update.bias}
+        arrays = write_arrays(
+            path,
+            weights={k: v.astype(np.float64) for k, v in sent.items()},
+            gradient={
+                k: update_as_gradient(
+                    sent[k].astype(np.float64), received[k].astype(np.float64), lr
+                )
+                for k in sent
+            },
+        )
+        return arrays, ServerView({}, {}, self.layer, noise_std=noise_std or None)
+
+    def _whole_view(
+        self,
+        update: InterceptedUpdate,
+        path: Path,
+        lr: float,
+        steps: int,
+        noise_std: float,
+        knowledge: dict[str, str],
+    ) -> tuple[str, ServerView]:
+        """Every array (written to ``path``) and the view of a whole-model attack."""
         assert update.sent_arrays is not None and update.arrays is not None
         # The standard threat model for multi-step updates: match the pseudo-gradient, here
         # the mean step, (sent - received) / (lr * steps), the scale of one batch gradient.
@@ -430,21 +350,11 @@ class Auditor:
             self.layer,
             architecture=self.architecture,
             input_shape=(3, 32, 32),
-            batch_size=batch_size,
             noise_std=(noise_std / steps) or None,
             labels=labels,
             bounds=bounds,
         )
-        assert run.loss is not None
-        return AttackJob(
-            base["round"],
-            base["client"],
-            run.label,
-            run.attack,
-            write_arrays(path, sent, gradient),
-            view,
-            inversion_config(self.spec, run.loss, seed),
-        ), knowledge
+        return write_arrays(path, sent, gradient), view
 
     def _proxy_job(self, update: InterceptedUpdate, base: Mapping[str, Any]) -> ProxyJob:
         assert update.sent_arrays is not None and self.architecture is not None
@@ -497,6 +407,7 @@ class Auditor:
             matched = np.zeros_like(truth.numpy())
             ok = quality.match >= 0
             matched[ok] = rec.numpy()[quality.match[ok]]
+            # SPEAR++'s grids keep the names they had before there were other attacks.
             name = _name(base, ".png" if run == "spearpp" else f"-{run}.png")
             save_grid(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
             record["grid"] = f"{GRID_DIR}/{name}"

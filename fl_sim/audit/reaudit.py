@@ -13,8 +13,8 @@ from fl_sim.audit.auditor import (
     PROXY_RUN,
     UPDATES_DIR,
     Auditor,
-    load_update,
 )
+from fl_sim.audit.updates import load_update
 from fl_sim.config import parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.forecast.table import record_run
