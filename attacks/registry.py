@@ -19,7 +19,7 @@ from attacks.inversion import InversionConfig, invert_gradients
 from attacks.result import Reconstruction
 from attacks.spearpp import SpearConfig, run_spearpp
 from attacks.spearpp.factor import factorise
-from attacks.spearpp.inputs import observe_layer, resolve_device
+from attacks.spearpp.inputs import LayerObservation, observe_layer, resolve_device
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,20 @@ class RegisteredAttack:
     run: Callable[[ServerView, Any], Reconstruction]
 
 
-def _spearpp(view: ServerView, config: SpearConfig) -> Reconstruction:
+def _first_layer(view: ServerView, device: torch.device) -> LayerObservation:
+    """The first layer's gradient and weights as SPEAR++ observes them."""
     w_key, b_key = view.first_layer
-    obs = observe_layer(
+    return observe_layer(
         view.gradient[w_key],
         view.gradient[b_key],
         view.weights[w_key],
         view.weights[b_key],
-        resolve_device(config.device),
+        device,
     )
+
+
+def _spearpp(view: ServerView, config: SpearConfig) -> Reconstruction:
+    obs = _first_layer(view, resolve_device(config.device))
     return run_spearpp(obs, batch_size=view.batch_size, noise_std=view.noise_std, config=config)
 
 
@@ -99,14 +104,7 @@ def estimate_batch_size(view: ServerView, seed: int = 0) -> tuple[int, str]:
     """B from the first layer's gradient rank (SPEAR++'s estimate), unless declared."""
     if view.batch_size is not None:
         return view.batch_size, "declared"
-    w_key, b_key = view.first_layer
-    obs = observe_layer(
-        view.gradient[w_key],
-        view.gradient[b_key],
-        view.weights[w_key],
-        view.weights[b_key],
-        torch.device("cpu"),
-    )
+    obs = _first_layer(view, torch.device("cpu"))
     fac = factorise(
         obs.grad_weight,
         batch_size=None,
