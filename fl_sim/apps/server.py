@@ -49,7 +49,7 @@ def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:
     strategy: Strategy = build_strategy(scenario, recorder)
     auditor = None
     if scenario.audit.enabled:
-        auditor = Auditor(scenario.audit, recorder.data, run_dir, scenario.seed)
+        auditor = Auditor(scenario.audit, recorder.data, run_dir, scenario.seed, scenario.cluster)
         strategy = HonestButCurious(strategy, auditor, attacked_layer(scenario))
     try:
         result = strategy.start(

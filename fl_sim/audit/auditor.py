@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import multiprocessing
 import shutil
 import threading
-import time
 from collections.abc import Mapping
-from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +20,11 @@ import torch
 
 from attacks import SpearConfig
 from fl_sim.apps.recorder import append_jsonl
+from fl_sim.audit.executors import make_executor
 from fl_sim.audit.grid import save_grid
-from fl_sim.audit.job import AttackJob, AttackOutcome, run_job, write_arrays
+from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.metrics import match_and_score
+from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from strategies import InterceptedUpdate, update_as_gradient
@@ -124,18 +123,28 @@ class Auditor:
         Where ``audit.jsonl`` and ``grids/`` grow.
     seed
         Seeds the attacks.
+    cluster
+        Where the attacks run: its ``attack_executor`` with ``spec.workers`` attacks at once
+        (default: a local pool of that many processes).
     """
 
-    def __init__(self, spec: AuditSpec, data: FederatedData, run_dir: Path, seed: int) -> None:
+    def __init__(
+        self,
+        spec: AuditSpec,
+        data: FederatedData,
+        run_dir: Path,
+        seed: int,
+        cluster: ClusterSpec | None = None,
+    ) -> None:
         self.spec = spec
         self.data = data
         self.run_dir = run_dir
         self.seed = seed
+        cluster = cluster or ClusterSpec()
+        self._executor = make_executor(cluster.attack_executor, spec.workers, cluster)
         self._lock = threading.Lock()
-        self._pool: Pool | None = None
-        self._pending: dict[
-            tuple[int, int], tuple[AsyncResult[AttackOutcome], dict[str, Any], InterceptedUpdate]
-        ] = {}
+        # Records still to come, by (round, client).
+        self._pending: dict[tuple[int, int], dict[str, Any]] = {}
 
     def __call__(self, update: InterceptedUpdate) -> None:
         """File an update: rejected at once if unusable, else queued for attack."""
@@ -149,46 +158,33 @@ class Auditor:
             return
         job, knowledge = self._job(update, base)
         base["knowledge"] = knowledge
-        key = (base["round"], base["client"])
-        pool = self._ensure_pool()
-        result = pool.apply_async(
-            run_job,
-            (job,),
-            callback=lambda out: self._judge(out, base, update),
-            error_callback=lambda err: self._write(
+        with self._lock:  # before submitting: the outcome may come back at once
+            self._pending[(base["round"], base["client"])] = base
+        self._executor.submit(
+            job,
+            on_outcome=lambda out: self._judge(out, base, update),
+            on_error=lambda err: self._write(
                 {**base, "status": "error", "reason": f"{type(err).__name__}: {err}"}
             ),
         )
-        with self._lock:
-            self._pending[key] = (result, base, update)
 
     def finish(self) -> None:
         """Wait (up to ``wait_s`` in all) for queued attacks; record the rest as timed out."""
-        deadline = time.monotonic() + self.spec.wait_s
+        self._executor.wait(self.spec.wait_s)
+        self._executor.close()  # no outcome comes back after this
         with self._lock:
             pending = list(self._pending.values())
-        for result, base, _ in pending:
-            result.wait(max(0.0, deadline - time.monotonic()))
-            if not result.ready():
-                self._write(
-                    {
-                        **base,
-                        "status": "timeout",
-                        "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
-                    }
-                )
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        for base in pending:
+            self._write(
+                {
+                    **base,
+                    "status": "timeout",
+                    "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
+                }
+            )
         shutil.rmtree(self.run_dir / JOBS_DIR, ignore_errors=True)
 
     # -- internals -------------------------------------------------------------------------
-
-    def _ensure_pool(self) -> Pool:
-        if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(self.spec.workers)
-        return self._pool
 
     def _targeted(self, server_round: int, client: int) -> bool:
         return (not self.spec.rounds or server_round in self.spec.rounds) and (

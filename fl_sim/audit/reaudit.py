@@ -33,7 +33,7 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         audit_file.rename(run_dir / f"audit-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     done = {(r["round"], r["client"]) for r in read_jsonl(audit_file)}
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    auditor = Auditor(scenario.audit, data, run_dir, scenario.seed)
+    auditor = Auditor(scenario.audit, data, run_dir, scenario.seed, scenario.cluster)
     queued = 0
     try:
         for path in stored:

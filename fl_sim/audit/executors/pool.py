@@ -1,0 +1,56 @@
+"""Attacks in a pool of worker processes on this machine (the default)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from multiprocessing.pool import AsyncResult, Pool
+from typing import TYPE_CHECKING
+
+from fl_sim.audit.executors.base import OnError, OnOutcome, register_executor
+from fl_sim.audit.job import AttackJob, AttackOutcome, run_job
+
+if TYPE_CHECKING:
+    from fl_sim.config.cluster import ClusterSpec
+
+
+@register_executor("pool")
+class PoolExecutor:
+    """``workers`` spawned processes, started at the first job.
+
+    Parameters
+    ----------
+    workers
+        Processes, hence attacks running at once.
+    cluster
+        Unused: the pool stays on this machine.
+    """
+
+    def __init__(self, workers: int, cluster: ClusterSpec) -> None:
+        self.workers = workers
+        self._pool: Pool | None = None
+        self._results: list[AsyncResult[AttackOutcome]] = []
+
+    def submit(self, job: AttackJob, on_outcome: OnOutcome, on_error: OnError) -> None:
+        """Queue ``job`` in the pool; its callback runs in the pool's result thread."""
+        if self._pool is None:
+            # spawn, not fork: the server process holds threads (Flower's, gRPC's).
+            self._pool = multiprocessing.get_context("spawn").Pool(self.workers)
+        self._results = [r for r in self._results if not r.ready()]
+        self._results.append(
+            self._pool.apply_async(run_job, (job,), callback=on_outcome, error_callback=on_error)
+        )
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for every queued job, ``timeout_s`` in all."""
+        deadline = time.monotonic() + timeout_s
+        for result in self._results:
+            result.wait(max(0.0, deadline - time.monotonic()))
+        return all(r.ready() for r in self._results)
+
+    def close(self) -> None:
+        """Terminate the workers (terminate joins the result thread: no late callbacks)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
