@@ -14,6 +14,7 @@ import torch
 
 from attacks import SpearConfig, paper_config
 from clients import LocalTraining
+from fl_sim.bench import scale, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import PRESETS, AttackCase
 from fl_sim.data.cifar10 import load_cifar10
@@ -256,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--time-budget", type=float, default=600.0, help="seconds per attack")
     sweep.add_argument("--out", help="results folder (default: bench/runs/sweep-TIME)")
     sweep.set_defaults(func=_bench_sweep)
+    throughput.add_command(bench)
+    scale.add_command(bench)
     return parser
 
 

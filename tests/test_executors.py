@@ -43,7 +43,10 @@ def _job(tmp: Path, client: int, batch: int = 4) -> tuple[AttackJob, torch.Tenso
         bias=layer.bias.detach().numpy(),
     )
     config = SpearConfig(starts=200, steps=200, max_passes=2, seed=client)
-    return AttackJob(1, client, arrays, None, None, config), x
+    job = AttackJob(
+        server_round=1, client=client, arrays=arrays, batch_size=None, noise_std=None, config=config
+    )
+    return job, x
 
 
 class _Collector:

@@ -160,9 +160,12 @@ class Auditor:
         base["knowledge"] = knowledge
         with self._lock:  # before submitting: the outcome may come back at once
             self._pending[(base["round"], base["client"])] = base
+        # Only the sample ids wait for the outcome, not the update's arrays: a backlog of
+        # attacks then costs the server no memory (their inputs wait on disk).
+        ids = np.asarray(update.audit.get("sample-ids", []), dtype=np.int64)
         self._executor.submit(
             job,
-            on_outcome=lambda out: self._judge(out, base, update),
+            on_outcome=lambda out: self._judge(out, base, ids),
             on_error=lambda err: self._write(
                 {**base, "status": "error", "reason": f"{type(err).__name__}: {err}"}
             ),
@@ -255,13 +258,12 @@ class Auditor:
         )
         return job, knowledge
 
-    def _judge(self, out: AttackOutcome, base: dict[str, Any], update: InterceptedUpdate) -> None:
+    def _judge(self, out: AttackOutcome, base: dict[str, Any], ids: np.ndarray) -> None:
         """Score a finished attack against the samples the client trained on; file it."""
         record = {**base, "seconds": out.seconds}
         if out.error is not None or out.inputs is None:
             self._write({**record, "status": "refused", "reason": out.error})
             return
-        ids = np.asarray(update.audit.get("sample-ids", []), dtype=np.int64)
         truth = torch.from_numpy(self.data.images[ids]).permute(0, 3, 1, 2).double() / 255
         rec = self.data.normalization.undo(torch.from_numpy(out.inputs).reshape(-1, 3, 32, 32))
         quality = match_and_score(rec, truth)

@@ -8,6 +8,7 @@ memory" is the sum over its tree, and stopping a cluster means stopping that tre
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -32,15 +33,33 @@ def _identity(pid: int) -> tuple[int, int] | None:
 
 
 def descendants(root: int) -> list[int]:
-    """``root`` and every live process below it, parents before children."""
+    """``root`` and every live process below it (zombies left out), parents first."""
     children: dict[int, list[int]] = {}
     for entry in _PROC.iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry.name))
-    tree = [root] if _stat(root) is not None else []
+    root_fields = _stat(root)
+    tree = [root] if root_fields is not None and root_fields[0] != "Z" else []
     for pid in tree:  # grows while iterating: breadth first
         tree.extend(children.get(pid, []))
     return tree
+
+
+def process_name(pid: int) -> str:
+    """``/proc/PID/comm``, or for a Python process what it runs: the script's file name, the
+    ``-m`` module, or the module a ``-c`` snippet imports from (``multiprocessing.spawn``)."""
+    comm = (_PROC / str(pid) / "comm").read_text().strip()
+    if not comm.startswith("python"):
+        return comm
+    args = (_PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")[1:]
+    for i, arg in enumerate(args):
+        if arg in ("-m", "-c") and i + 1 < len(args):
+            imported = re.search(r"from ([\w.]+) import", args[i + 1])
+            return args[i + 1] if arg == "-m" else imported[1] if imported else "python -c"
+        if not arg.startswith("-"):
+            return Path(arg).name
+    return comm
 
 
 def _alive(identity: tuple[int, int]) -> bool:
@@ -61,19 +80,25 @@ class TreeMemory:
         share of physical memory).
     processes
         How many processes were counted.
+    pss_by_name
+        Per process name: PSS summed over the processes of that name, and their number.
     """
 
     rss: int
     pss: int
     processes: int
+    pss_by_name: dict[str, tuple[int, int]]
 
 
 def tree_memory(root: int) -> TreeMemory:
-    """RSS and PSS summed over ``root``'s tree, from /proc/PID/smaps_rollup."""
+    """RSS and PSS summed over ``root``'s tree, from /proc/PID/smaps_rollup; PSS also per
+    :func:`process_name` (``raylet``, ``ray::ClientAppA``, ``fl_sim.cli``...)."""
     rss = pss = count = 0
+    by_name: dict[str, tuple[int, int]] = {}
     for pid in descendants(root):
         try:
             rollup = (_PROC / str(pid) / "smaps_rollup").read_text()
+            name = process_name(pid)
         except OSError:  # exited meanwhile, or a kernel thread
             continue
         values = {
@@ -83,8 +108,20 @@ def tree_memory(root: int) -> TreeMemory:
         }
         rss += values.get("Rss", 0)
         pss += values.get("Pss", 0)
+        total, n = by_name.get(name, (0, 0))
+        by_name[name] = (total + values.get("Pss", 0), n + 1)
         count += 1
-    return TreeMemory(rss, pss, count)
+    return TreeMemory(rss, pss, count, by_name)
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) used so far by the live processes of ``root``'s tree."""
+    ticks = 0
+    for pid in descendants(root):
+        fields = _stat(pid)
+        if fields is not None:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def stop_trees(roots: list[int], grace_s: float = 15.0) -> list[int]:

@@ -98,7 +98,10 @@ class RayExecutor:
             self._queue.append(_Entry(job, on_outcome, on_error))
             self._unreported += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._dispatch, name="ray-attacks")
+                # A daemon: a server that dies without close() must not hang on it.
+                self._thread = threading.Thread(
+                    target=self._dispatch, name="ray-attacks", daemon=True
+                )
                 self._thread.start()
             self._cond.notify_all()
 
@@ -134,9 +137,10 @@ class RayExecutor:
             task = self._task(ray)
             if not owns_ray and self.cluster.attack_cpus > 0:
                 log.warning(
-                    "attack_cpus = %s on the simulation's Ray cluster: Flower's client actors "
-                    "hold every CPU of every node while the run lasts, so attacks that reserve "
-                    "CPUs may never start (reserve GPUs or attack_resource: docs/scaling.md)",
+                    "attack_cpus = %s on a Ray connection made before (by Flower's simulation "
+                    "engine in fl-sim run, whose client actors hold every CPU of every node "
+                    "while the run lasts): attacks that reserve CPUs may then never start "
+                    "(reserve GPUs or attack_resource instead: docs/scaling.md)",
                     self.cluster.attack_cpus,
                 )
         except Exception as err:  # unreachable cluster, or no node fits a task: every job fails
