@@ -14,6 +14,7 @@ import torch
 
 from attacks import SpearConfig, paper_config
 from clients import LocalTraining
+from fl_sim.bench import scale, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import PRESETS, AttackCase
 from fl_sim.data.cifar10 import load_cifar10
@@ -120,6 +121,19 @@ def _bench_sweep(args: argparse.Namespace) -> int:
     limits = run_sweep(plans, data, out, seeds=seeds, attack=attack, command=command)
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, sweep.json, rows.jsonl, limit.png); limits {limits}")
+    return 0
+
+
+def _bench_limits(args: argparse.Namespace) -> int:
+    from fl_sim.bench.sweep import combine_sweeps
+
+    out = Path(args.out)
+    try:
+        limits = combine_sweeps([Path(f) for f in args.sweeps], out)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"fl-sim bench limits: {err}") from None
+    print((out / "summary.md").read_text())
+    print(f"results in {out}/ (summary.md, sweep.json, limit.png); limits {limits}")
     return 0
 
 
@@ -303,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--time-budget", type=float, default=600.0, help="seconds per attack")
     sweep.add_argument("--out", help="results folder (default: bench/runs/sweep-TIME)")
     sweep.set_defaults(func=_bench_sweep)
+    limits = bench.add_parser(
+        "limits", help="join sweeps run apart (one width each) into one table and plot"
+    )
+    limits.add_argument("sweeps", nargs="+", help="folders of `fl-sim bench sweep` runs")
+    limits.add_argument("--out", required=True, help="results folder")
+    limits.set_defaults(func=_bench_limits)
     lavp = bench.add_parser(
         "lavp",
         help="do LAVP and the gradient norm forecast the optimisation attack's error? (Spearman)",
@@ -324,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     lavp.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     lavp.add_argument("--out", help="results folder (default: bench/runs/lavp-TIME)")
     lavp.set_defaults(func=_bench_lavp)
+    throughput.add_command(bench)
+    scale.add_command(bench)
     return parser
 
 

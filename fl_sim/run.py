@@ -75,11 +75,12 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
             )
         )
         log.info(
-            "run %s: %d clients, %d rounds, data %s",
+            "run %s: %d clients, %d rounds, data %s, Ray %s",
             run_dir,
             len(scenario.clients),
             scenario.rounds,
             data.source,
+            scenario.cluster.ray_address(),
         )
         run_simulation(
             server_app=make_server_app(scenario, run_dir),
@@ -90,7 +91,7 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
                     "num_cpus": scenario.client_cpus,
                     "num_gpus": scenario.client_gpus,
                 },
-                "init_args": _quiet_ray(),
+                "init_args": {**_quiet_ray(), "address": scenario.cluster.ray_address()},
             },
         )
         plot_accuracy(run_dir)

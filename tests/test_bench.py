@@ -118,6 +118,16 @@ def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
     assert [s["batch_size"] for s in steps] == [8]
     assert (tmp_path / "ok" / "limit.png").stat().st_size > 0
 
+    from fl_sim.bench.sweep import combine_sweeps
+
+    joined = combine_sweeps([tmp_path / "miss", tmp_path / "ok"], tmp_path / "both")
+    assert joined == {60: None, 100: 12}
+    table = (tmp_path / "both" / "summary.md").read_text()
+    assert table.count("Measured ") == 2 and "m=60: none, m=100: 12" in table
+    assert (tmp_path / "both" / "limit.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="m=100 was swept in more than one"):
+        combine_sweeps([tmp_path / "ok", tmp_path / "ok"], tmp_path / "twice")
+
 
 def test_sweep_plan_is_validated() -> None:
     from fl_sim.bench.sweep import SweepPlan

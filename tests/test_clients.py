@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from clients import LocalTraining, train_locally
+from clients import LocalTraining, train_locally, training
 from fl_sim.model import fc_relu_net, first_linear
 from strategies import update_as_gradient
 
@@ -68,6 +68,30 @@ def test_dp_without_noise_is_mean_of_clipped_per_sample_gradients() -> None:
         total += first * min(1.0, clip / float(norm))
     expected = total / len(x)
     assert torch.allclose(update_as_gradient(before, _first_weight(net), 0.1), expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("physical", [1, 5])
+@pytest.mark.parametrize("poisson", [False, True])
+def test_dp_in_chunks_takes_the_same_steps(
+    physical: int, poisson: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-sample gradients held a few samples at a time (big models) change nothing: the same
+    clipping, the same noise draw, the same update as on the whole mini-batch at once."""
+    cfg = LocalTraining(
+        "dp", lr=0.1, clip=0.05, noise_multiplier=0.3, epochs=2, mini_batch=8, poisson=poisson
+    )
+    updates = []
+    per_sample = sum(p.numel() * p.element_size() for p in _setup(3)[0].parameters())
+    for budget in (1 << 40, physical * per_sample):
+        monkeypatch.setattr(training, "PER_SAMPLE_BUDGET", budget)
+        net, x, y = _setup(3)
+        before = _first_weight(net)
+        res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
+        updates.append((update_as_gradient(before, _first_weight(net), 0.1), res.loss))
+    (whole, loss_whole), (chunked, loss_chunked) = updates
+    assert training.physical_batch(_setup(3)[0], training.PER_SAMPLE_BUDGET) == physical
+    assert torch.allclose(whole, chunked, atol=1e-12)
+    assert loss_chunked == pytest.approx(loss_whole, rel=1e-12)
 
 
 def test_dp_noise_has_the_configured_scale() -> None:

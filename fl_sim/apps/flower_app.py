@@ -1,8 +1,11 @@
-"""Module-level apps for ``flwr run .`` (see ``[tool.flwr.app]`` in pyproject.toml).
+"""Module-level apps for ``flwr run .`` (see ``[tool.flwr.app]`` in pyproject.toml), in
+Flower's simulation runtime or its deployment runtime (a SuperLink and one SuperNode per client,
+each told its client id by ``--node-config "partition-id=I num-partitions=N"``).
 
 Under ``flwr run`` the scenario comes from the run config: ``scenario`` is the path of a TOML
-file (relative to the app's directory) and ``out`` the folder under which the run directory is
-made. ``fl-sim run`` builds the same apps around an in-memory scenario instead.
+file (relative to the app's directory, which ``flwr run`` ships to every SuperNode) and ``out``
+the folder under which the run directory is made (relative to the SuperLink's working
+directory). ``fl-sim run`` builds the same apps around an in-memory scenario instead.
 """
 
 from __future__ import annotations
@@ -18,11 +21,35 @@ from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario
 from fl_sim.run import new_run_dir
 
+# The app's root: the project here, the unpacked app bundle under a SuperLink or SuperNode.
+APP_DIR = Path(__file__).resolve().parents[2]
+
 
 def _scenario(context: Context) -> Scenario:
-    path = Path(str(context.run_config.get("scenario", "configs/quickstart.toml")))
+    path = APP_DIR / str(context.run_config.get("scenario", "configs/quickstart.toml"))
     scenario, _ = load_scenario(path)
     return scenario
+
+
+def partition_id(context: Context, scenario: Scenario) -> int:
+    """This SuperNode's client id, from its ``--node-config`` (``partition-id``,
+    ``num-partitions``), checked against the scenario's clients.
+
+    Raises
+    ------
+    ValueError
+        When the node's partitioning does not match the scenario's clients.
+    """
+    count = len(scenario.clients)
+    pid = int(context.node_config["partition-id"])
+    parts = int(context.node_config.get("num-partitions", count))
+    if parts != count or not 0 <= pid < count:
+        raise ValueError(
+            f"node config partition-id={pid} num-partitions={parts}, but scenario "
+            f"{scenario.name!r} has {count} clients: start one SuperNode per client with "
+            f"--node-config 'partition-id=I num-partitions={count}' (I = 0..{count - 1})"
+        )
+    return pid
 
 
 client = ClientApp()
@@ -32,10 +59,9 @@ server = ServerApp()
 @client.train()
 def train(msg: Message, context: Context) -> Message:
     """One client's round, its scenario read from the run config."""
-    client_id = int(context.node_config["partition-id"])
-    return Message(
-        local_round(_scenario(context), msg.content, client_id, context.state), reply_to=msg
-    )
+    scenario = _scenario(context)
+    client_id = partition_id(context, scenario)
+    return Message(local_round(scenario, msg.content, client_id, context.state), reply_to=msg)
 
 
 @server.main()

@@ -58,6 +58,7 @@ def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:
             scenario.seed,
             architecture=scenario.model.build(),
             layer=layer,
+            cluster=scenario.cluster,
         )
         strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
     try:

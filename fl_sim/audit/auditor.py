@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
-import multiprocessing
 import shutil
 import threading
-import time
-from collections.abc import Collection, Mapping
-from multiprocessing.pool import AsyncResult, Pool
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +28,14 @@ from torch import nn
 
 from attacks import ATTACKS, ServerView
 from fl_sim.apps.recorder import append_jsonl
+from fl_sim.audit.executors import WorkerJob, make_executor
 from fl_sim.audit.grid import save_grid
-from fl_sim.audit.job import AttackJob, AttackOutcome, run_job, write_arrays
+from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.metrics import match_and_score
 from fl_sim.audit.plans import PLANS, AttackRun, audit_runs, covers
-from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, run_proxy_job, write_proxy_arrays
+from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, write_proxy_arrays
 from fl_sim.audit.updates import save_update
+from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.forecast.table import joined_samples, round_correlations
@@ -99,6 +99,9 @@ class Auditor:
     done
         (round, client, run) already on file: not attacked again (``run`` is a record's
         attack label, or ``proxies``).
+    cluster
+        Where the jobs run: its ``attack_executor`` with ``spec.workers`` jobs at once
+        (default: a local pool of that many processes).
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class Auditor:
         architecture: nn.Module | None = None,
         layer: tuple[str, str] = ("weight", "bias"),
         done: Collection[tuple[int, int, str]] = (),
+        cluster: ClusterSpec | None = None,
     ) -> None:
         self.spec = spec
         self.data = data
@@ -123,9 +127,11 @@ class Auditor:
             raise ValueError("the audit's attacks or proxies need the model's architecture")
         # Only the structure travels to the workers: a weightless copy on the meta device.
         self.architecture = copy.deepcopy(architecture).to("meta") if architecture else None
+        cluster = cluster or ClusterSpec()
+        self._executor = make_executor(cluster.attack_executor, spec.workers, cluster)
         self._lock = threading.Lock()
-        self._pool: Pool | None = None
-        self._pending: dict[tuple[int, int, str], tuple[AsyncResult[Any], dict[str, Any]]] = {}
+        # Records still to come, by (round, client, run).
+        self._pending: dict[tuple[int, int, str], dict[str, Any]] = {}
 
     def __call__(self, update: InterceptedUpdate) -> None:
         """File an update: rejected at once if unusable, else queued for attack."""
@@ -169,9 +175,8 @@ class Auditor:
             self._submit(
                 run.label,
                 record,
-                run_job,
                 job,
-                lambda out, r=record, lb=run.label: self._judge(out, r, ids, lb),
+                functools.partial(self._judge, base=record, ids=ids, run=run.label),
             )
             queued += 1
         key = (base["round"], base["client"], PROXY_RUN)
@@ -183,9 +188,8 @@ class Auditor:
                 self._submit(
                     PROXY_RUN,
                     row,
-                    run_proxy_job,
                     self._proxy_job(update, base),
-                    lambda out, r=row: self._proxies_done(out, r),
+                    functools.partial(self._proxies_done, row=row),
                 )
                 queued += 1
         return queued
@@ -193,38 +197,29 @@ class Auditor:
     def finish(self) -> None:
         """Wait (up to ``wait_s`` in all) for queued jobs; record the rest as timed out; then
         write the per-round correlations of the proxies (``forecast.jsonl``)."""
-        deadline = time.monotonic() + self.spec.wait_s
+        self._executor.wait(self.spec.wait_s)
+        self._executor.close()  # no outcome comes back after this
         with self._lock:
             pending = list(self._pending.items())
-        for (_, _, run), (result, record) in pending:
-            result.wait(max(0.0, deadline - time.monotonic()))
-            if not result.ready():
-                late = {
-                    **record,
-                    "status": "timeout",
-                    "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
-                }
-                if run == PROXY_RUN:
-                    self._write_proxies(late)
-                else:
-                    self._write(late, run)
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        for (_, _, run), record in pending:
+            late = {
+                **record,
+                "status": "timeout",
+                "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
+            }
+            if run == PROXY_RUN:
+                self._write_proxies(late)
+            else:
+                self._write(late, run)
         shutil.rmtree(self.run_dir / JOBS_DIR, ignore_errors=True)
         if self.spec.proxies:
             write_forecast(self.run_dir)
 
     # -- internals -------------------------------------------------------------------------
 
-    def _ensure_pool(self) -> Pool:
-        if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(self.spec.workers)
-        return self._pool
-
-    def _submit(self, run: str, record: dict[str, Any], func: Any, job: Any, callback: Any) -> None:
-        key = (record["round"], record["client"], run)
+    def _submit(
+        self, run: str, record: dict[str, Any], job: WorkerJob, callback: Callable[[Any], None]
+    ) -> None:
 
         def failed(err: BaseException) -> None:
             failure = {**record, "status": "error", "reason": f"{type(err).__name__}: {err}"}
@@ -233,11 +228,9 @@ class Auditor:
             else:
                 self._write(failure, run)
 
-        result = self._ensure_pool().apply_async(
-            func, (job,), callback=callback, error_callback=failed
-        )
-        with self._lock:
-            self._pending[key] = (result, record)
+        with self._lock:  # before submitting: the outcome may come back at once
+            self._pending[(record["round"], record["client"], run)] = record
+        self._executor.submit(job, on_outcome=callback, on_error=failed)
 
     @staticmethod
     def _base(update: InterceptedUpdate) -> dict[str, Any]:

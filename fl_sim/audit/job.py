@@ -51,6 +51,10 @@ class AttackJob:
     view: ServerView
     config: Any
 
+    def execute(self) -> AttackOutcome:
+        """Run the attack (see :func:`run_job`)."""
+        return run_job(self)
+
 
 def write_arrays(
     path: Path, weights: Mapping[str, np.ndarray], gradient: Mapping[str, np.ndarray]

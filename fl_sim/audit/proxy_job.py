@@ -45,6 +45,10 @@ class ProxyJob:
     max_iter: int
     seed: int
 
+    def execute(self) -> ProxyOutcome:
+        """Compute the proxies (see :func:`run_proxy_job`)."""
+        return run_proxy_job(self)
+
 
 def write_proxy_arrays(
     path: Path,

@@ -55,6 +55,7 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         architecture=scenario.model.build(),
         layer=attacked_layer(scenario),
         done=done,
+        cluster=scenario.cluster,
     )
     queued = 0
     try:

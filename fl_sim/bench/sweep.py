@@ -4,6 +4,7 @@ For each width m, B grows from a start by a step until the share of exact sample
 seeds falls below the threshold; the largest B that met it is the width's limit. Rows are
 appended to ``rows.jsonl`` as they finish, ``sweep.json`` and ``summary.md`` are rewritten after
 each B, and ``limit.png`` plots the limits against m beside the paper's rows.
+:func:`combine_sweeps` joins sweeps run apart (one width per process) into one table and plot.
 """
 
 from __future__ import annotations
@@ -115,27 +116,61 @@ def run_sweep(
             (out / "sweep.json").write_text(
                 json.dumps({"meta": meta, "limits": limits, "steps": steps}, indent=2)
             )
-            (out / "summary.md").write_text(_markdown(limits, steps, meta, threshold))
+            (out / "summary.md").write_text(_markdown(limits, steps, [meta], threshold))
             _plot(limits, out / "limit.png")
             if not passed:
                 break
     return limits
 
 
+def combine_sweeps(folders: list[Path], out: Path, threshold: float = 0.9) -> dict[int, int | None]:
+    """One table (``summary.md``), ``sweep.json`` and ``limit.png`` from the ``sweep.json`` of
+    sweeps run apart; each keeps its own hardware line and command.
+
+    Raises
+    ------
+    ValueError
+        When two folders swept the same width.
+    """
+    limits: dict[int, int | None] = {}
+    steps: list[dict[str, Any]] = []
+    metas: list[dict[str, Any]] = []
+    for folder in folders:
+        part = json.loads((folder / "sweep.json").read_text())
+        for width, b in part["limits"].items():
+            if int(width) in limits:
+                raise ValueError(f"m={width} was swept in more than one of {folders}")
+            limits[int(width)] = b
+        steps += part["steps"]
+        metas.append(part["meta"])
+    limits = dict(sorted(limits.items()))
+    steps.sort(key=lambda s: (s["width"], s["batch_size"]))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(
+        json.dumps({"metas": metas, "limits": limits, "steps": steps}, indent=2)
+    )
+    (out / "summary.md").write_text(_markdown(limits, steps, metas, threshold))
+    _plot(limits, out / "limit.png")
+    return limits
+
+
+def _measured(meta: dict[str, Any]) -> str:
+    hw = meta["hardware"]
+    return (
+        f"Measured {meta['finished']} on {hw['processor']} ({hw['cpu_threads']} threads, "
+        f"CUDA: {hw['cuda']}), torch {hw['torch']}, data `{meta['data']}`, seeds "
+        f"{list(meta['seeds'])}; command: `{meta['command']}`"
+    )
+
+
 def _markdown(
     limits: dict[int, int | None],
     steps: list[dict[str, Any]],
-    meta: dict[str, Any],
+    metas: list[dict[str, Any]],
     threshold: float,
 ) -> str:
-    hw = meta["hardware"]
     lines = [
-        f"Measured {meta['finished']} on {hw['processor']} ({hw['cpu_threads']} threads, "
-        f"CUDA: {hw['cuda']}), torch {hw['torch']}, data `{meta['data']}`, seeds "
-        f"{list(meta['seeds'])}.",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
+        *(f"{_measured(meta)}.\n" for meta in metas),
         f"Largest B with >= {threshold:.0%} of samples exact (PSNR >= 100 dB): "
         + ", ".join(f"m={m}: {b if b else 'none'}" for m, b in limits.items()),
         "",

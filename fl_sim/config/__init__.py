@@ -1,11 +1,13 @@
 """Scenario configuration: TOML files and --set overrides, validated once into frozen objects."""
 
+from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.load import ConfigError, apply_overrides, load_scenario, parse_scenario
 from fl_sim.config.schema import AuditSpec, ClientSpec, DataSpec, ModelSpec, Scenario
 
 __all__ = [
     "AuditSpec",
     "ClientSpec",
+    "ClusterSpec",
     "ConfigError",
     "DataSpec",
     "ModelSpec",

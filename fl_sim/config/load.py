@@ -13,6 +13,7 @@ from typing import Any
 from attacks import ATTACKS, InversionConfig
 from attacks.inversion import LOSSES
 from clients import TRAINERS, LocalTraining
+from fl_sim.config.cluster import ClusterSpec, check_resources
 from fl_sim.config.schema import (
     AttackTargets,
     AuditSpec,
@@ -125,12 +126,13 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     ConfigError
         For an unknown key, a wrong type, a value out of range, or a bad client id.
     """
-    allowed = {*_TOP, "resources", "data", "model", "clients", "audit"}
+    allowed = {*_TOP, "resources", "data", "model", "clients", "audit", "cluster"}
     for key in raw:
         if key not in allowed:
             raise ConfigError(f"unknown key {key!r}: allowed are {', '.join(sorted(allowed))}")
     top = _table({k: v for k, v in raw.items() if k in _TOP}, "", _TOP)
-    resources = _table(raw.get("resources", {}), "resources.", _RESOURCES)
+    resources = _resources(raw.get("resources", {}))
+    cluster = _cluster(raw.get("cluster", {}))
     data = DataSpec(**_table(raw.get("data", {}), "data.", _spec_of(DataSpec)))
     model = ModelSpec(**_table(raw.get("model", {}), "model.", _spec_of(ModelSpec)))
     clients_raw = dict(raw.get("clients", {}))
@@ -166,8 +168,37 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
         model=model,
         clients=specs,
         audit=audit,
+        cluster=cluster,
         **resources,
     )
+
+
+def _resources(raw: Mapping[str, Any]) -> dict[str, Any]:
+    out = _table(raw, "resources.", _RESOURCES)
+    cpus = out.get("client_cpus", Scenario.client_cpus)
+    try:
+        check_resources(
+            "resources.client_cpus",
+            cpus,
+            "resources.client_gpus",
+            out.get("client_gpus", Scenario.client_gpus),
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if cpus == 0:
+        raise ConfigError(
+            "resources.client_cpus = 0.0: must be > 0 (Flower fits node CPUs / client_cpus "
+            "clients on each node)"
+        )
+    return out
+
+
+def _cluster(raw: Mapping[str, Any]) -> ClusterSpec:
+    settings = _table(raw, "cluster.", _spec_of(ClusterSpec))
+    try:
+        return ClusterSpec(**settings)
+    except ValueError as err:
+        raise ConfigError(f"cluster.{err}") from None
 
 
 _TARGET_LISTS = ("rounds", "clients")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from clients import LocalTraining
+from fl_sim.config.cluster import ClusterSpec
 from fl_sim.model import fc_relu_net
 
 
@@ -200,7 +201,8 @@ class AuditSpec:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A whole run: rounds, seed, data, model and one spec per client."""
+    """A whole run: rounds, seed, data, model, one spec per client, the audit, and where the
+    work runs (each simulated client's Ray resources, the cluster)."""
 
     name: str
     rounds: int
@@ -211,3 +213,4 @@ class Scenario:
     audit: AuditSpec = AuditSpec()
     client_cpus: float = 1.0
     client_gpus: float = 0.0
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)

@@ -1,0 +1,86 @@
+"""The audit's executor interface and its registry.
+
+An executor takes the audit's worker jobs (attacks, and the judge's proxy jobs) and reports
+each outcome through a callback as soon as it is
+known, so the auditor files records while rounds go on; ``wait`` drains what is left at the
+end of a run and ``close`` releases the workers, after which no callback fires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from dataclasses import Field
+
+    from fl_sim.config.cluster import ClusterSpec
+
+OnOutcome = Callable[[Any], None]
+OnError = Callable[[BaseException], None]
+
+
+class WorkerJob(Protocol):
+    """A frozen dataclass of picklable settings whose arrays wait in an .npz file (so that
+    executors can move them to another machine with ``dataclasses.replace``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def arrays(self) -> str:
+        """Path of the job's .npz file."""
+
+    def execute(self) -> Any:
+        """Do the work, in whichever process the executor chose; the outcome is picklable."""
+
+
+def run_worker_job(job: WorkerJob) -> Any:
+    """Module-level entry point for worker processes."""
+    return job.execute()
+
+
+class AttackExecutor(Protocol):
+    """Runs worker jobs somewhere and calls back with each result."""
+
+    def submit(self, job: WorkerJob, on_outcome: OnOutcome, on_error: OnError) -> None:
+        """Queue ``job``; later exactly one of ``on_outcome`` (the attack returned) or
+        ``on_error`` (it raised, or its worker could not run it) is called, unless the
+        executor is closed first."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until every submitted job has been reported, or ``timeout_s`` passed;
+        whether all were reported."""
+
+    def close(self) -> None:
+        """Stop the workers (unfinished jobs are dropped); no callback fires afterwards."""
+
+
+ExecutorFactory = Callable[[int, "ClusterSpec"], AttackExecutor]
+_REGISTRY: dict[str, ExecutorFactory] = {}
+F = TypeVar("F", bound=ExecutorFactory)
+
+
+def register_executor(name: str) -> Callable[[F], F]:
+    """Class decorator: make an executor available under ``name`` in the config."""
+
+    def add(factory: F) -> F:
+        _REGISTRY[name] = factory
+        return factory
+
+    return add
+
+
+def executor_names() -> tuple[str, ...]:
+    """Registered executor names, as ``cluster.attack_executor`` accepts them."""
+    return tuple(sorted(_REGISTRY))
+
+
+def make_executor(name: str, workers: int, cluster: ClusterSpec) -> AttackExecutor:
+    """A new executor ``name`` with ``workers`` attacks in flight at most.
+
+    Raises
+    ------
+    KeyError
+        For a name no executor is registered under.
+    """
+    return _REGISTRY[name](workers, cluster)

@@ -1,0 +1,75 @@
+"""Attacks in a pool of worker processes on this machine (the default)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from multiprocessing.pool import AsyncResult, Pool
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fl_sim.audit.executors.base import (
+    OnError,
+    OnOutcome,
+    WorkerJob,
+    register_executor,
+    run_worker_job,
+)
+
+if TYPE_CHECKING:
+    from fl_sim.config.cluster import ClusterSpec
+
+
+@register_executor("pool")
+class PoolExecutor:
+    """``workers`` spawned processes, started at the first job, sharing the machine's cores:
+    each uses cores // workers torch threads (at least one), whose OpenMP threads sleep rather
+    than spin while they wait (the cores are shared with Flower's clients).
+
+    Parameters
+    ----------
+    workers
+        Processes, hence attacks running at once.
+    cluster
+        Unused: the pool stays on this machine.
+    """
+
+    def __init__(self, workers: int, cluster: ClusterSpec) -> None:
+        self.workers = workers
+        self._pool: Pool | None = None
+        self._results: list[AsyncResult[Any]] = []
+
+    def submit(self, job: WorkerJob, on_outcome: OnOutcome, on_error: OnError) -> None:
+        """Queue ``job`` in the pool; its callback runs in the pool's result thread."""
+        if self._pool is None:
+            threads = max(1, (os.cpu_count() or 1) // self.workers)
+            # Read by OpenMP when a worker loads torch, so it must be in the environment the
+            # workers inherit. Spinning threads on busy cores made attacks 6 to 24 times slower
+            # (docs/scaling.md); a setting of the user's own is kept.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            # spawn, not fork: the server process holds threads (Flower's, gRPC's).
+            self._pool = multiprocessing.get_context("spawn").Pool(
+                self.workers, initializer=torch.set_num_threads, initargs=(threads,)
+            )
+        self._results = [r for r in self._results if not r.ready()]
+        self._results.append(
+            self._pool.apply_async(
+                run_worker_job, (job,), callback=on_outcome, error_callback=on_error
+            )
+        )
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for every queued job, ``timeout_s`` in all."""
+        deadline = time.monotonic() + timeout_s
+        for result in self._results:
+            result.wait(max(0.0, deadline - time.monotonic()))
+        return all(r.ready() for r in self._results)
+
+    def close(self) -> None:
+        """Terminate the workers (terminate joins the result thread: no late callbacks)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
