@@ -111,11 +111,13 @@ def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
     assert limits == {100: 12}
     hopeless = SpearConfig(search="surrogate", starts=1, steps=1, max_passes=1, deflate=False)
     limits = run_sweep(
-        [SweepPlan(60, 8, 4, 16)], data, tmp_path / "miss", seeds=(0,), attack=hopeless
+        [SweepPlan(60, 8, 4, 16)], data, tmp_path / "miss", seeds=(0, 1), attack=hopeless
     )
     assert limits == {60: None}
     steps = json.loads((tmp_path / "miss" / "sweep.json").read_text())["steps"]
     assert [s["batch_size"] for s in steps] == [8]
+    # Seed 0 missed by more than seed 1 could make up: seed 1 was not run.
+    assert steps[0]["seeds"] == [0]
     assert (tmp_path / "ok" / "limit.png").stat().st_size > 0
 
     from fl_sim.bench.sweep import combine_sweeps
