@@ -11,7 +11,8 @@ import torch
 
 from attacks import SpearConfig
 from clients import LocalTraining
-from fl_sim.bench.attack import near_exact_at_true_scale, run_bench
+from fl_sim.audit.metrics import NEAR_EXACT_DB, psnr
+from fl_sim.bench.attack import near_exact_at_true_scale, run_bench, scale_bound
 from fl_sim.bench.cases import AttackCase
 from fl_sim.cli import main
 from fl_sim.data.normalize import Normalization
@@ -55,6 +56,28 @@ def test_true_scale_tells_scale_from_pixels(seed: int) -> None:
     unmatched = order.copy()
     unmatched[0] = -1
     assert near_exact_at_true_scale(back, images, unmatched, norm) == 0.75
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_scale_bound_matches_monte_carlo_least_squares(seed: int) -> None:
+    """The closed-form bound against brute force: exact columns, noisy bias gradients drawn
+    many times, each sample's scale fitted by least squares, PSNR counted."""
+    gen = torch.Generator().manual_seed(seed)
+    norm = Normalization()
+    images = torch.rand(4, 3, 32, 32, generator=gen, dtype=torch.float64)
+    inputs = norm.apply(images).flatten(1)
+    columns = torch.randn(30, 4, generator=gen, dtype=torch.float64)
+    columns[:, 1] = columns[:, 0] + 0.3 * columns[:, 1]  # two similar samples: worse scales
+    noise = 0.08
+    bound = scale_bound(columns @ inputs, images, norm, noise)
+    trials = 1500
+    bias = columns.sum(1) + noise * torch.randn(trials, 30, generator=gen, dtype=torch.float64)
+    scales = torch.linalg.lstsq(columns, bias.T).solution.T  # trials x B, truth 1
+    rec = inputs[None] / scales[..., None]
+    pixels = norm.undo(rec.reshape(-1, 3, 32, 32))
+    hits = psnr(pixels, images.repeat(trials, 1, 1, 1)) >= NEAR_EXACT_DB
+    assert 0.2 < bound < 0.95  # a regime where the test can tell
+    assert float(hits.double().mean()) == pytest.approx(bound, abs=0.03)
 
 
 def test_cli_names_missing_data(tmp_path: Path) -> None:
