@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -17,7 +14,7 @@ from clients import LocalTraining
 from fl_sim.bench import scale, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import PRESETS, AttackCase
-from fl_sim.data.cifar10 import load_cifar10
+from fl_sim.bench.invocation import bench_data, command_line, results_folder
 
 
 def _custom_case(args: argparse.Namespace) -> AttackCase:
@@ -76,15 +73,9 @@ def _bench_attack(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         seeds = tuple(int(s) for s in args.seeds.split(","))
         cases = tuple(AttackCase(**{**c.__dict__, "seeds": seeds}) for c in cases)
-    try:
-        data = load_cifar10(Path(args.data), split=args.split)
-    except FileNotFoundError as err:
-        raise SystemExit(
-            f"CIFAR-10 not found: {err}. Pass --data with an .npz (images, labels) or a folder "
-            "holding cifar-10-batches-py"
-        ) from err
-    out = Path(args.out or f"bench/runs/attack-{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}")
-    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    data = bench_data(args.data, args.split)
+    out = results_folder(args.out, f"attack-{args.preset}")
+    command = command_line()
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
     run_bench(cases, data, out, dtype=dtype, command=command)
     print((out / "summary.md").read_text())
@@ -111,14 +102,10 @@ def _bench_sweep(args: argparse.Namespace) -> int:
         attack = SpearConfig(time_budget_s=args.time_budget)
     except ValueError as err:
         raise SystemExit(f"fl-sim bench sweep: {err}") from None
-    try:
-        data = load_cifar10(Path(args.data), split=args.split)
-    except FileNotFoundError as err:
-        raise SystemExit(f"CIFAR-10 not found: {err}") from err
-    out = Path(args.out or f"bench/runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+    data = bench_data(args.data, args.split)
+    out = results_folder(args.out, "sweep")
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    limits = run_sweep(plans, data, out, seeds=seeds, attack=attack, command=command)
+    limits = run_sweep(plans, data, out, seeds=seeds, attack=attack, command=command_line())
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, sweep.json, rows.jsonl, limit.png); limits {limits}")
     return 0
@@ -161,13 +148,9 @@ def _bench_lavp(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise SystemExit(f"fl-sim bench lavp: {err}") from None
-    try:
-        data = load_cifar10(Path(args.data), split=args.split)
-    except FileNotFoundError as err:
-        raise SystemExit(f"CIFAR-10 not found: {err}") from err
-    out = Path(args.out or f"bench/runs/lavp-{time.strftime('%Y%m%d-%H%M%S')}")
-    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    run_lavp_bench(plan, data, out, command=command)
+    data = bench_data(args.data, args.split)
+    out = results_folder(args.out, "lavp")
+    run_lavp_bench(plan, data, out, command=command_line())
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, summary.json, rows.jsonl, scatter.png)")
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fl_sim.bench.invocation import command_line, results_folder
 from fl_sim.bench.machine import machine
 from fl_sim.bench.proctree import stop_trees, tree_memory
 
@@ -212,9 +212,10 @@ def _main(args: argparse.Namespace) -> int:
             load_scenario(Path(args.config), [f"clients.count={run.clients}", *args.set])
     except ConfigError as err:
         raise SystemExit(f"fl-sim bench scale: {err}") from None
-    out = Path(args.out or f"bench/runs/scale-{time.strftime('%Y%m%d-%H%M%S')}")
-    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    rows = run_scale(Path(args.config), runs, args.rounds, out, args.set, command, args.timeout)
+    out = results_folder(args.out, "scale")
+    rows = run_scale(
+        Path(args.config), runs, args.rounds, out, args.set, command_line(), args.timeout
+    )
     print((out / "summary.md").read_text())
     failed = [r for r in rows if r["returncode"] != 0]
     for r in failed:

@@ -12,8 +12,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -28,10 +26,11 @@ from fl_sim.audit.executors import executor_names, make_executor
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.invocation import bench_data, command_line, results_folder
 from fl_sim.bench.machine import machine
 from fl_sim.bench.proctree import tree_cpu_seconds
 from fl_sim.config.cluster import ClusterSpec
-from fl_sim.data.cifar10 import ImageSet, load_cifar10
+from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
 
 log = logging.getLogger(__name__)
@@ -258,11 +257,10 @@ def _main(args: argparse.Namespace) -> int:
         unknown = set(plan.executors) - set(executor_names())
         if unknown:
             raise ValueError(f"--executors {args.executors}: allowed are {executor_names()}")
-        data = load_cifar10(Path(args.data), split="test")
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         raise SystemExit(f"fl-sim bench throughput: {err}") from None
-    out = Path(args.out or f"bench/runs/throughput-{time.strftime('%Y%m%d-%H%M%S')}")
-    command = "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    run_throughput(plan, data, out, command)
+    data = bench_data(args.data)
+    out = results_folder(args.out, "throughput")
+    run_throughput(plan, data, out, command_line())
     print((out / "summary.md").read_text())
     return 0
