@@ -56,19 +56,36 @@ class SweepPlan:
 
 
 def _plot(limits: dict[int, int | None], path: Path) -> None:
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.add_subplot()
+    """Left: the limit B against m beside the paper's rows; right: B/m against m, where the
+    paper observes a slowly falling ratio."""
+    fig = Figure(figsize=(11, 4.2))
+    ax, ratio = fig.subplots(1, 2, gridspec_kw={"wspace": 0.3})
     measured = sorted((m, b) for m, b in limits.items() if b)
     if measured:
         ax.plot(*zip(*measured, strict=True), "o-", label="fl-sim: largest B with >= 90% exact")
+        ratio.plot(
+            [m for m, _ in measured], [b / m for m, b in measured], "o-", label="fl-sim limit"
+        )
         for m, b in measured:
-            ax.annotate(f"B/m={b / m:.3f}", (m, b), textcoords="offset points", xytext=(4, -12))
+            ax.annotate(f"B={b}", (m, b), textcoords="offset points", xytext=(4, -12))
     for b, m, share in PAPER_POINTS:
         ax.plot(m, b, "x", color="grey")
-        ax.annotate(f"paper {share:.0%}", (m, b), textcoords="offset points", xytext=(4, 4))
+        ax.annotate(
+            f"paper {share:.0%}", (m, b), textcoords="offset points", xytext=(-6, 4), ha="right"
+        )
+        ratio.plot(m, b / m, "x", color="grey")
+    ratio.plot([], [], "x", color="grey", label="paper's rows (B/m, any share exact)")
     ax.set_xlabel("width m of the first layer")
     ax.set_ylabel("batch size B")
-    ax.set_title("Batch-size limit of exact reconstruction (depth 6, at initialisation)")
+    ax.margins(y=0.15)
+    ax.set_title("Batch-size limit of exact reconstruction (depth 6)")
+    ratio.set_xlabel("width m of the first layer")
+    ratio.set_ylabel("B / m")
+    ratio.set_title("The limit as a share of the width")
+    ratio.set_ylim(bottom=0)
+    for axis in (ax, ratio):
+        axis.set_xlim(0, 1.1 * max([m for _, m, _ in PAPER_POINTS] + list(limits)))
+    ratio.legend(loc="lower left")
     if measured:
         ax.legend(loc="upper left")
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -180,13 +197,14 @@ def _markdown(
         f"Largest B with >= {threshold:.0%} of samples exact (PSNR >= 100 dB): "
         + ", ".join(f"m={m}: {b if b else 'none'}" for m, b in limits.items()),
         "",
-        "| m | B | exact | s mean | factorise / search / refine / select+solve s |",
-        "|---|---|---|---|---|",
+        "| m | B | seeds run | exact | s mean | factorise / search / refine / select+solve s |",
+        "|---|---|---|---|---|---|",
     ]
     for s in steps:
         st = s["stage_seconds_mean"]
         lines.append(
-            f"| {s['width']} | {s['batch_size']} | {100 * s['share_exact_samples']:.1f}% | "
+            f"| {s['width']} | {s['batch_size']} | {','.join(map(str, s['seeds']))} | "
+            f"{100 * s['share_exact_samples']:.1f}% | "
             f"{s['seconds_mean']:.1f} | "
             + " / ".join(f"{st.get(k, 0.0):.1f}" for k in ("factorise", "search", "refine"))
             + f" / {st.get('select', 0.0) + st.get('solve', 0.0):.2f} |"
