@@ -12,6 +12,26 @@ from fl_sim.bench.proctree import descendants, stop_trees
 
 VENV_BIN = Path(sys.executable).parent
 
+# The federation the integration tests run on their servers: two clients of the offline photo
+# set, a small network, a short SPEAR++ budget (tests add tables after it).
+TWO_CLIENTS = """
+rounds = 2
+[data]
+source = "photos"
+samples_per_client = 20
+test_size = 40
+[model]
+width = 60
+depth = 3
+[clients]
+count = 2
+batch_size = 6
+[audit]
+starts = 500
+steps = 500
+max_passes = 2
+"""
+
 
 def free_port() -> int:
     """A TCP port nothing listens on at the moment (on 127.0.0.1)."""

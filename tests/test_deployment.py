@@ -15,27 +15,10 @@ from flwr.app import Context, RecordDict
 
 from fl_sim.apps.flower_app import partition_id
 from fl_sim.config import parse_scenario
-from tests.processes import VENV_BIN, Processes, free_port
+from tests.processes import TWO_CLIENTS, VENV_BIN, Processes, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = """
-name = "deployed"
-rounds = 2
-[data]
-source = "photos"
-samples_per_client = 20
-test_size = 40
-[model]
-width = 60
-depth = 3
-[clients]
-count = 2
-batch_size = 6
-[audit]
-starts = 500
-steps = 500
-max_passes = 2
-"""
+SCENARIO = 'name = "deployed"\n' + TWO_CLIENTS
 
 
 def _context(node_config: dict[str, Any]) -> Context:

@@ -13,32 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import VENV_BIN, Processes, free_port
+from tests.processes import TWO_CLIENTS, VENV_BIN, Processes, free_port
 
-SCENARIO = """
-name = "on-cluster"
-rounds = 2
-[data]
-source = "photos"
-samples_per_client = 20
-test_size = 40
-[model]
-width = 60
-depth = 3
-[clients]
-count = 2
-batch_size = 6
+SCENARIO = (
+    'name = "on-cluster"\n'
+    + TWO_CLIENTS
+    + """workers = 2
+wait_s = 120
 [clients.1]
 defence = "fedavg"
 epochs = 2
 mini_batch = 3
-[audit]
-starts = 500
-steps = 500
-max_passes = 2
-workers = 2
-wait_s = 120
 """
+)
 
 
 def _ports() -> list[str]:

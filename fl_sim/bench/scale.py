@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_sim.bench.invocation import command_line, results_folder
-from fl_sim.bench.machine import machine
+from fl_sim.bench.machine import machine, measured_header
 from fl_sim.bench.proctree import stop_trees, tree_memory
 
 _SAMPLE_S = 0.5
@@ -103,13 +103,8 @@ def run_facts(run_dir: Path) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The rows as a table, with how and where they were measured."""
-    hw = meta["hardware"]
     lines = [
-        f"Measured {meta['finished']} on {hw['processor']}, {hw['cpu_count']} cores, "
-        f"{hw['memory_gib']:.0f} GiB, CUDA: {hw['cuda']}; torch {hw['torch']}.",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
+        *measured_header(meta),
         f"Scenario `{meta['config']}` ({meta['rounds']} rounds). Wall: the whole `fl-sim run` "
         "(Ray start, rounds, attacks still running after the last round, report). Memory: "
         "peak over samples every 0.5 s of the sums over the run's process tree (the `fl-sim "

@@ -27,7 +27,7 @@ from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
-from fl_sim.bench.machine import machine
+from fl_sim.bench.machine import machine, measured_header
 from fl_sim.bench.proctree import tree_cpu_seconds
 from fl_sim.config.cluster import ClusterSpec
 from fl_sim.data.cifar10 import ImageSet
@@ -130,13 +130,8 @@ def measure(
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The rows as a table, with how and where they were measured."""
-    hw = meta["hardware"]
     lines = [
-        f"Measured {meta['finished']} on {hw['processor']}, {hw['cpu_count']} cores, "
-        f"{hw['memory_gib']:.0f} GiB, CUDA: {hw['cuda']}; torch {hw['torch']}.",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
+        *measured_header(meta),
         f"Each job: {meta['case']} on real CIFAR-10 images (`{meta['data']}`), one seed per "
         f"job, the attacker not told B; {meta['jobs']} jobs measured per row, after one "
         "unmeasured warm-up job per worker (worker start-up). Ray tasks reserve "
