@@ -220,7 +220,6 @@ class Auditor:
     def _submit(
         self, run: str, record: dict[str, Any], job: WorkerJob, callback: Callable[[Any], None]
     ) -> None:
-
         def failed(err: BaseException) -> None:
             failure = {**record, "status": "error", "reason": f"{type(err).__name__}: {err}"}
             if run == PROXY_RUN:

@@ -1,9 +1,9 @@
 """The audit's executor interface and its registry.
 
 An executor takes the audit's worker jobs (attacks, and the judge's proxy jobs) and reports
-each outcome through a callback as soon as it is
-known, so the auditor files records while rounds go on; ``wait`` drains what is left at the
-end of a run and ``close`` releases the workers, after which no callback fires.
+each outcome through a callback as soon as it is known, so the auditor files records while
+rounds go on; ``wait`` drains what is left at the end of a run and ``close`` releases the
+workers, after which no callback fires.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class AttackExecutor(Protocol):
     """Runs worker jobs somewhere and calls back with each result."""
 
     def submit(self, job: WorkerJob, on_outcome: OnOutcome, on_error: OnError) -> None:
-        """Queue ``job``; later exactly one of ``on_outcome`` (the attack returned) or
+        """Queue ``job``; later exactly one of ``on_outcome`` (the job returned) or
         ``on_error`` (it raised, or its worker could not run it) is called, unless the
         executor is closed first."""
 

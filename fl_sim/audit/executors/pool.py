@@ -1,4 +1,4 @@
-"""Attacks in a pool of worker processes on this machine (the default)."""
+"""Audit jobs in a pool of worker processes on this machine (the default)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,9 @@ _POLL_S = 0.1
 
 
 def attack_task(job: WorkerJob, arrays: bytes) -> bytes:
-    """Body of one Ray task: the job's arrays written to a local file, then the attack; the
-    outcome comes back pickled (Ray would hand its arrays back read-only, from its store).
+    """Body of one Ray task: the job's arrays written to a local file, then the job (an attack
+    or the judge's proxies); the outcome comes back pickled (Ray would hand its arrays back
+    read-only, from its store).
 
     The device follows what Ray granted: CUDA when the task holds a GPU (the engine's
     ``device="auto"`` sees only the granted ones), else the CPU, with as many threads as CPUs
