@@ -52,8 +52,29 @@ class AttackJob:
     config: Any
 
     def execute(self) -> AttackOutcome:
-        """Run the attack (see :func:`run_job`)."""
-        return run_job(self)
+        """Run the attack; an input the attack refuses becomes an outcome with its reason."""
+        start = time.perf_counter()
+        weights, gradient = read_arrays(self.arrays)
+        view = dataclasses.replace(self.view, weights=weights, gradient=gradient)
+        try:
+            rec = run_attack(self.attack, view, self.config)
+        except AttackInputError as err:
+            return AttackOutcome(
+                self.server_round,
+                self.client,
+                None,
+                {},
+                f"refused: {err}",
+                time.perf_counter() - start,
+            )
+        return AttackOutcome(
+            self.server_round,
+            self.client,
+            rec.inputs.numpy(),
+            rec.summary(),
+            None,
+            time.perf_counter() - start,
+        )
 
 
 def write_arrays(
@@ -88,24 +109,3 @@ class AttackOutcome:
     summary: dict[str, Any]
     error: str | None
     seconds: float
-
-
-def run_job(job: AttackJob) -> AttackOutcome:
-    """Run a job's attack; an input the attack refuses becomes an outcome with its reason."""
-    start = time.perf_counter()
-    weights, gradient = read_arrays(job.arrays)
-    view = dataclasses.replace(job.view, weights=weights, gradient=gradient)
-    try:
-        rec = run_attack(job.attack, view, job.config)
-    except AttackInputError as err:
-        return AttackOutcome(
-            job.server_round, job.client, None, {}, f"refused: {err}", time.perf_counter() - start
-        )
-    return AttackOutcome(
-        job.server_round,
-        job.client,
-        rec.inputs.numpy(),
-        rec.summary(),
-        None,
-        time.perf_counter() - start,
-    )

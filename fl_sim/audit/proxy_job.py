@@ -46,8 +46,38 @@ class ProxyJob:
     seed: int
 
     def execute(self) -> ProxyOutcome:
-        """Compute the proxies (see :func:`run_proxy_job`)."""
-        return run_proxy_job(self)
+        """Compute every sample's proxies, in float64, on the CPU."""
+        start = time.perf_counter()
+        with np.load(self.arrays) as f:
+            weights = {
+                n.partition(":")[2]: torch.from_numpy(f[n])
+                for n in f.files
+                if n.startswith("weight:")
+            }
+            inputs, labels, ids = f["inputs"], f["labels"], f["ids"]
+        samples = []
+        for i, (x, y, sample_id) in enumerate(zip(inputs, labels, ids, strict=True)):
+            proxies = sample_proxies(
+                self.architecture,
+                weights,
+                torch.from_numpy(x),
+                int(y),
+                tol=self.tol,
+                max_iter=self.max_iter,
+                seed=self.seed + i,
+            )
+            samples.append(
+                {
+                    "id": int(sample_id),
+                    "label": int(y),
+                    **proxies.values(),
+                    "iterations": proxies.iterations,
+                    "converged": proxies.converged,
+                }
+            )
+        return ProxyOutcome(
+            self.server_round, self.client, samples, None, time.perf_counter() - start
+        )
 
 
 def write_proxy_arrays(
@@ -73,34 +103,3 @@ class ProxyOutcome:
     samples: list[dict[str, Any]]
     error: str | None
     seconds: float
-
-
-def run_proxy_job(job: ProxyJob) -> ProxyOutcome:
-    """Compute every sample's proxies, in float64, on the CPU."""
-    start = time.perf_counter()
-    with np.load(job.arrays) as f:
-        weights = {
-            n.partition(":")[2]: torch.from_numpy(f[n]) for n in f.files if n.startswith("weight:")
-        }
-        inputs, labels, ids = f["inputs"], f["labels"], f["ids"]
-    samples = []
-    for i, (x, y, sample_id) in enumerate(zip(inputs, labels, ids, strict=True)):
-        proxies = sample_proxies(
-            job.architecture,
-            weights,
-            torch.from_numpy(x),
-            int(y),
-            tol=job.tol,
-            max_iter=job.max_iter,
-            seed=job.seed + i,
-        )
-        samples.append(
-            {
-                "id": int(sample_id),
-                "label": int(y),
-                **proxies.values(),
-                "iterations": proxies.iterations,
-                "converged": proxies.converged,
-            }
-        )
-    return ProxyOutcome(job.server_round, job.client, samples, None, time.perf_counter() - start)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import platform
 import time
 from collections.abc import Iterable
 from dataclasses import asdict
@@ -23,24 +22,13 @@ from attacks import reconstruct
 from clients import train_locally
 from fl_sim.audit.metrics import NEAR_EXACT_DB, match_and_score, psnr
 from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.machine import hardware, measured_on
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import fc_relu_net, first_linear
 from strategies import update_as_gradient
 
 log = logging.getLogger(__name__)
-
-
-def hardware() -> dict[str, Any]:
-    """Where the numbers were measured."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-    return info
 
 
 def client_update(
@@ -186,10 +174,8 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[str, Any]) -> str:
     """The results as a Markdown table, with how and where they were measured."""
     lines = [
-        f"Measured {meta['finished']} on {meta['hardware']['processor']} "
-        f"({meta['hardware']['cpu_threads']} threads, CUDA: {meta['hardware']['cuda']}), "
-        f"torch {meta['hardware']['torch']}, data `{meta['data']}`, gradient dtype "
-        f"{meta['dtype']}.",
+        f"Measured {meta['finished']} on {measured_on(meta['hardware'])}, data "
+        f"`{meta['data']}`, gradient dtype {meta['dtype']}.",
         "",
         f"Command: `{meta['command']}`",
         "",

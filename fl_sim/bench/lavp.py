@@ -23,7 +23,7 @@ import torch
 from attacks import InversionConfig, invert_gradients
 from attacks.inversion import LOSSES
 from fl_sim.audit.metrics import psnr
-from fl_sim.bench.attack import hardware
+from fl_sim.bench.machine import hardware, measured_on
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
 from fl_sim.forecast import PROXIES, sample_proxies, spearman, spearman_interval
@@ -203,10 +203,8 @@ def _proxy_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(summary: dict[str, Any]) -> str:
     """The comparison table, with the setting and what differs from the paper's."""
     meta, plan = summary["meta"], summary["meta"]["plan"]
-    hw = meta["hardware"]
     lines = [
-        f"Measured {meta['finished']} on {hw['processor']} ({hw['cpu_threads']} threads, CUDA: "
-        f"{hw['cuda']}), torch {hw['torch']}, data `{meta['data']}`.",
+        f"Measured {meta['finished']} on {measured_on(meta['hardware'])}, data `{meta['data']}`.",
         "",
         f"Command: `{meta['command']}`",
         "",

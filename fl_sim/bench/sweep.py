@@ -21,8 +21,9 @@ import torch
 from matplotlib.figure import Figure
 
 from attacks import SpearConfig
-from fl_sim.bench.attack import aggregate, hardware, run_case
+from fl_sim.bench.attack import aggregate, run_case
 from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.machine import hardware, measured_on
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
 
@@ -178,11 +179,9 @@ def combine_sweeps(folders: list[Path], out: Path, threshold: float = 0.9) -> di
 
 
 def _measured(meta: dict[str, Any]) -> str:
-    hw = meta["hardware"]
     return (
-        f"Measured {meta['finished']} on {hw['processor']} ({hw['cpu_threads']} threads, "
-        f"CUDA: {hw['cuda']}), torch {hw['torch']}, data `{meta['data']}`, seeds "
-        f"{list(meta['seeds'])}; command: `{meta['command']}`"
+        f"Measured {meta['finished']} on {measured_on(meta['hardware'])}, data "
+        f"`{meta['data']}`, seeds {list(meta['seeds'])}; command: `{meta['command']}`"
     )
 
 
