@@ -28,6 +28,7 @@ def reconstruct(
     *,
     batch_size: int | None = None,
     noise_std: float | None = None,
+    next_layer: tuple[ArrayLike, ArrayLike] | None = None,
     config: SpearConfig | None = None,
 ) -> Reconstruction:
     """Reconstruct a client's batch from the gradient of a linear layer followed by ReLU.
@@ -44,6 +45,10 @@ def reconstruct(
     noise_std
         Per-entry std of noise added to the gradient (DP-SGD: sigma * C / batch size), if known;
         zero tolerances then follow it.
+    next_layer
+        Gradient of the next linear layer's weight (k x m) and bias (k), the layer that takes
+        this one's ReLU output, for a one-step update only (FedSGD, one DP-SGD step): under
+        noise it fixes each sample's scale far better than this layer's bias gradient.
     config
         Search settings; the default is :class:`SpearConfig` ().
 
@@ -59,7 +64,9 @@ def reconstruct(
         For inputs that cannot be attacked as given (the message names which and why).
     """
     config = config or SpearConfig()
-    obs = observe_layer(grad_weight, grad_bias, weight, bias, resolve_device(config.device))
+    obs = observe_layer(
+        grad_weight, grad_bias, weight, bias, resolve_device(config.device), next_layer
+    )
     return run_spearpp(obs, batch_size=batch_size, noise_std=noise_std, config=config)
 
 

@@ -35,6 +35,9 @@ class ServerView:
         The update turned into a gradient, same keys.
     first_layer
         Keys of the first linear layer's weight and bias.
+    next_layer
+        Keys of the next linear layer's weight and bias, when ``gradient`` holds them: given only
+        for one-step updates, whose next-layer gradient is one batch gradient.
     architecture
         The model the server built (weights not used; ``meta`` is fine); whole-model attacks
         need it.
@@ -53,6 +56,7 @@ class ServerView:
     weights: Mapping[str, np.ndarray]
     gradient: Mapping[str, np.ndarray]
     first_layer: tuple[str, str]
+    next_layer: tuple[str, str] | None = None
     architecture: nn.Module | None = None
     input_shape: tuple[int, ...] = (3, 32, 32)
     batch_size: int | None = None
@@ -86,12 +90,19 @@ class RegisteredAttack:
 def _first_layer(view: ServerView, device: torch.device) -> LayerObservation:
     """The first layer's gradient and weights as SPEAR++ observes them."""
     w_key, b_key = view.first_layer
+    nxt = None
+    if view.next_layer is not None:
+        missing = [k for k in view.next_layer if k not in view.gradient]
+        if missing:
+            raise AttackInputError(f"the next layer's gradient lacks arrays {missing}")
+        nxt = (view.gradient[view.next_layer[0]], view.gradient[view.next_layer[1]])
     return observe_layer(
         view.gradient[w_key],
         view.gradient[b_key],
         view.weights[w_key],
         view.weights[b_key],
         device,
+        nxt,
     )
 
 

@@ -47,6 +47,19 @@ def first_linear(model: nn.Module) -> tuple[str, nn.Linear]:
     raise ValueError("the model has no nn.Linear layer to attack")
 
 
+def next_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
+    """Name and module of the linear layer that takes the first linear layer's ReLU output
+    directly (``Linear -> ReLU -> Linear``), or ``None`` when something else comes between."""
+    first, _ = first_linear(model)
+    leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    i = [n for n, _ in leaves].index(first)
+    if i + 2 < len(leaves):
+        name, module = leaves[i + 2]
+        if isinstance(module, nn.Linear):
+            return name, module
+    return None
+
+
 def layer_gradients(
     model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,6 +55,11 @@ def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> Non
     undefended = [r for r in records if r["client"] == 0]
     assert all(r["status"] == "exact" and r["share_exact"] == 1.0 for r in undefended)
     assert all(r["psnr_min"] >= 100 for r in undefended)
+    # One DP step: the next layer's gradient fixes each sample's scale under the noise.
+    weak_dp = [r for r in records if r["client"] == 2]
+    assert all("next_layer" in r["knowledge"] for r in weak_dp)
+    assert all(r["share_near_exact"] >= 0.9 for r in weak_dp)
+    assert not any("next_layer" in r["knowledge"] for r in records if r["client"] in (0, 1))
     strong_dp = [r for r in records if r["client"] == 3]
     assert all(r["share_near_exact"] == 0.0 for r in strong_dp)
     assert all(r["epsilon"] > 0 for r in strong_dp)

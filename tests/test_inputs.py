@@ -115,3 +115,16 @@ def test_numpy_inputs_are_accepted() -> None:
 def test_bad_config_is_named(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=f"SpearConfig.*{message}"):
         SpearConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_next_layer_must_take_this_layers_outputs() -> None:
+    layer = _layer()
+    m = layer["weight"].shape[0]
+    with pytest.raises(AttackInputError, match=rf"must be k x {m}"):
+        reconstruct(**layer, next_layer=(torch.ones(7, m + 1), torch.ones(7)), config=CHEAP)
+    with pytest.raises(AttackInputError, match=r"next_grad_bias has shape \(6,\)"):
+        reconstruct(**layer, next_layer=(torch.ones(7, m), torch.ones(6)), config=CHEAP)
+    with pytest.raises(AttackInputError, match="next_grad_bias holds 1 NaN"):
+        reconstruct(
+            **layer, next_layer=(torch.ones(7, m), torch.tensor([np.nan] + [1.0] * 6)), config=CHEAP
+        )

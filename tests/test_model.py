@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fl_sim.model import fc_relu_net, first_linear
+from fl_sim.model import fc_relu_net, first_linear, next_linear
 
 
 @pytest.mark.parametrize(("width", "depth"), [(200, 6), (50, 2), (30, 3)])
@@ -41,3 +41,14 @@ def test_layer_not_followed_by_relu_is_refused() -> None:
 def test_depth_below_two_is_refused() -> None:
     with pytest.raises(ValueError, match="depth=1"):
         fc_relu_net(10, 1)
+
+
+@pytest.mark.parametrize(("depth", "name", "out"), [(6, "3", 200), (2, "3", 10)])
+def test_next_linear_takes_the_first_layers_relu_output(depth: int, name: str, out: int) -> None:
+    found = next_linear(fc_relu_net(200, depth))
+    assert found is not None and found[0] == name and found[1].out_features == out
+
+
+def test_no_next_linear_when_something_comes_between() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(3072, 8), nn.ReLU(), nn.Dropout(), nn.Linear(8, 2))
+    assert next_linear(net) is None

@@ -75,6 +75,10 @@ class SpearConfig:
         Beyond the paper: passes after the first start orthogonal to the columns already found,
         and when only a few columns are missing, convex l1 searches on hyperplanes that exclude
         the found ones go after them.
+    next_layer_scale
+        Beyond the paper: when the next layer's gradient is given (one-step updates), fix each
+        sample's scale from both layers' bias gradients rather than this layer's alone
+        (:func:`attacks.spearpp.solve.next_layer_scales`); the paper uses this layer's only.
     search_dtype
         Precision of the search; refinement, scaling and the solve are always float64.
     device
@@ -107,6 +111,7 @@ class SpearConfig:
     zero_tol: float | None = None
     split_mixtures: bool = True
     deflate: bool = True
+    next_layer_scale: bool = True
     search_dtype: Literal["float32", "float64"] = "float32"
     device: str = "auto"
     max_elements: int = 16_000_000
@@ -170,7 +175,7 @@ def paper_config(surrogate: Surrogate = "l1", optimiser: Optimiser = "radam") ->
 
     The surrogate search only, in one batched pass; candidates taken where the optimiser stopped
     (rounding via sampling for the smooth surrogates); no harvesting during the search, no
-    mixture splitting, float64 throughout.
+    mixture splitting, scales from the attacked layer's bias gradient only, float64 throughout.
     """
     return SpearConfig(
         search="surrogate",
@@ -181,6 +186,7 @@ def paper_config(surrogate: Surrogate = "l1", optimiser: Optimiser = "radam") ->
         harvest_every=0,
         split_mixtures=False,
         deflate=False,
+        next_layer_scale=False,
         search_dtype="float64",
     )
 

@@ -196,12 +196,16 @@ def run_spearpp(
             generator=generator,
         )
     b, m = fac.batch_size, obs.width
+    next_layer = config.next_layer_scale and obs.next_layer is not None
     settings = {
         **config.as_dict(),
         "refinement": config.refinement,
         "device_used": str(device),
         "declared_batch_size": batch_size,
         "declared_noise_std": noise_std,
+        "scales_from": "this and the next layer's bias gradients"
+        if next_layer
+        else "bias gradient",
     }
     if b == 0:
         clock.seconds["total"] = time.perf_counter() - started
@@ -292,8 +296,8 @@ def run_spearpp(
         else:
             columns = complete_basis(pool.columns[order], pool.spares(), b)
     with clock.stage("solve"):
-        if found <= b:
-            solution = solve_inputs(columns, left, fac.right, obs, rule)
+        if found <= b or next_layer:
+            solution = solve_inputs(columns, left, fac.right, obs, rule, next_layer)
     verified = torch.zeros(b, dtype=torch.bool)
     verified[: min(found, b)] = True
     # Exact needs every column verified; under noise, columns verified at the noise level can

@@ -16,6 +16,24 @@ PRECISION_FLOOR = 1e-9
 
 
 @dataclass(frozen=True)
+class NextLayer:
+    """The gradient of the linear layer that takes the attacked layer's ReLU output, as float64
+    tensors: only valid for a single-step update (one batch gradient, noisy or not).
+
+    Attributes
+    ----------
+    grad_weight
+        k x m, the sum over samples of the layer's output gradient times the sample's hidden
+        vector relu(W x_i + b).
+    grad_bias
+        k, the sum of the output gradients.
+    """
+
+    grad_weight: torch.Tensor
+    grad_bias: torch.Tensor
+
+
+@dataclass(frozen=True)
 class LayerObservation:
     """What the server observed of one fully connected layer, as float64 tensors on one device.
 
@@ -30,6 +48,9 @@ class LayerObservation:
     precision
         Relative round-off of the gradient as it arrived (float32 gradients carry ~1e-7 noise
         that float64 arithmetic here cannot remove): the floor of every zero tolerance.
+    next_layer
+        The next linear layer's gradient, when the server has it and the update is one step:
+        it pins each sample's scale far better than the bias gradient alone under noise.
     """
 
     grad_weight: torch.Tensor
@@ -37,6 +58,7 @@ class LayerObservation:
     weight: torch.Tensor
     bias: torch.Tensor
     precision: float
+    next_layer: NextLayer | None = None
 
     @property
     def width(self) -> int:
@@ -83,14 +105,16 @@ def observe_layer(
     weight: ArrayLike,
     bias: ArrayLike,
     device: torch.device,
+    next_layer: tuple[ArrayLike, ArrayLike] | None = None,
 ) -> LayerObservation:
-    """Validate the four arrays and move them to ``device`` as float64.
+    """Validate the four arrays (and the next layer's weight and bias gradients, if given) and
+    move them to ``device`` as float64.
 
     Raises
     ------
     AttackInputError
         For a non-array, a non-float dtype, NaN or inf, tensors on different devices, shapes that
-        do not fit one m x n layer, or an all-zero gradient.
+        do not fit one m x n layer (and a k x m next layer), or an all-zero gradient.
     """
     named = {
         "grad_weight": _as_tensor("grad_weight", grad_weight),
@@ -98,6 +122,9 @@ def observe_layer(
         "weight": _as_tensor("weight", weight),
         "bias": _as_tensor("bias", bias),
     }
+    if next_layer is not None:
+        named["next_grad_weight"] = _as_tensor("next_grad_weight", next_layer[0])
+        named["next_grad_bias"] = _as_tensor("next_grad_bias", next_layer[1])
     devices = {str(t.device) for t in named.values()}
     if len(devices) > 1:
         where = ", ".join(f"{k} on {t.device}" for k, t in named.items())
@@ -109,6 +136,14 @@ def observe_layer(
         raise AttackInputError(f"weight must be 2-D (m x n), got shape {tuple(w.shape)}")
     m, n = w.shape
     expected = {"grad_weight": (m, n), "grad_bias": (m,), "bias": (m,)}
+    if next_layer is not None:
+        nw = named["next_grad_weight"]
+        if nw.ndim != 2 or nw.shape[1] != m:
+            raise AttackInputError(
+                f"next_grad_weight has shape {tuple(nw.shape)}, but the next layer takes the "
+                f"{m} outputs of this one, so it must be k x {m}"
+            )
+        expected["next_grad_bias"] = (nw.shape[0],)
     for key, shape in expected.items():
         if tuple(named[key].shape) != shape:
             raise AttackInputError(
@@ -119,4 +154,7 @@ def observe_layer(
         raise AttackInputError("grad_weight is all zeros: there is nothing to reconstruct from")
     moved = {k: t.to(device=device, dtype=torch.float64) for k, t in named.items()}
     precision = max(PRECISION_FLOOR, 100 * torch.finfo(gw.dtype).eps)
-    return LayerObservation(**moved, precision=precision)
+    nxt = None
+    if next_layer is not None:
+        nxt = NextLayer(moved.pop("next_grad_weight"), moved.pop("next_grad_bias"))
+    return LayerObservation(**moved, precision=precision, next_layer=nxt)

@@ -11,6 +11,9 @@ from attacks.spearpp.refine import ZeroRule, zero_mask
 
 # Scales this small (relative to the largest) mean the bias gradient does not fix the column.
 _TINY_SCALE = 1e-12
+# Refits of the next layer's per-sample gradients: its hidden vectors depend on the scales only
+# through the layer's bias, so two or three already settle them.
+_SCALE_REFITS = 4
 
 
 @dataclass(frozen=True)
@@ -36,26 +39,65 @@ class Solution:
         return float(self.matching.sum())
 
 
+def _lstsq(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    solution: torch.Tensor = torch.linalg.lstsq(system, rhs[:, None]).solution
+    return solution.flatten()
+
+
+def _usable(scales: torch.Tensor) -> torch.Tensor:
+    """Scales the fit could not fix (tiny against the largest) replaced by 1."""
+    tiny = _TINY_SCALE * scales.abs().max().clamp_min(torch.finfo(scales.dtype).tiny)
+    return torch.where(scales.abs() < tiny, torch.ones_like(scales), scales)
+
+
+def next_layer_scales(
+    q_hat: torch.Tensor,
+    target: torch.Tensor,
+    mixed_inputs: torch.Tensor,
+    scales: torch.Tensor,
+    obs: LayerObservation,
+) -> torch.Tensor:
+    """Refit the column scales d to the bias gradients of this layer and the next together.
+
+    Sample i's input is x_i = r_i / d_i (r_i the i-th row of ``mixed_inputs``), so its hidden
+    vector h_i = relu(W x_i + b) is known given d. The next layer's gradient is
+    G' = sum_i w_i h_i^T and its bias gradient sum_i w_i; h_i scales nearly as 1 / d_i (all
+    but the bias), so the w_i that G' H^+ yields scale as d_i, and g' = sum_i d_i (w_i / d_i)
+    is a second linear system in d beside L^T dL/db = Q_hat d. The next layer's output
+    gradients are larger than this layer's (they have not yet passed through its weights), so
+    under noise of one level on every entry the joint fit pins d far better than the bias
+    gradient alone, and the bias gradient alone is already exact without noise.
+    """
+    nxt = obs.next_layer
+    assert nxt is not None
+    for _ in range(_SCALE_REFITS):
+        hidden = torch.relu((mixed_inputs / scales[:, None]) @ obs.weight.T + obs.bias)
+        per_scale = nxt.grad_weight @ torch.linalg.pinv(hidden) / scales  # k x B: w_i / d_i
+        scales = _usable(_lstsq(torch.cat([q_hat, per_scale]), torch.cat([target, nxt.grad_bias])))
+    return scales
+
+
 def solve_inputs(
     columns: torch.Tensor,
     left: torch.Tensor,
     right: torch.Tensor,
     obs: LayerObservation,
     rule: ZeroRule,
+    next_layer: bool = False,
 ) -> Solution:
     """Scale the unit ``columns`` (B x B, one per row) from the bias gradient and solve for X.
 
     dL/db = L Q 1, so with Q = Q_hat diag(d), L^T dL/db = Q_hat d fixes scale and sign of each
-    column at once (L has orthonormal columns).
+    column at once (L has orthonormal columns). With ``next_layer`` (and ``obs.next_layer``
+    given) the scales are then refitted to the next layer's gradient as well
+    (:func:`next_layer_scales`).
     """
     q_hat = columns.T
     target = left.T @ obs.grad_bias
-    scales = torch.linalg.lstsq(q_hat, target[:, None]).solution.flatten()
-    small = scales.abs() < _TINY_SCALE * scales.abs().max().clamp_min(
-        torch.finfo(scales.dtype).tiny
-    )
-    scales = torch.where(small, torch.ones_like(scales), scales)
     mixed_inputs = torch.linalg.lstsq(q_hat, right).solution
+    scales = _usable(_lstsq(q_hat, target))
+    if next_layer and obs.next_layer is not None:
+        scales = next_layer_scales(q_hat, target, mixed_inputs, scales, obs)
     inputs = mixed_inputs / scales[:, None]
     zero = zero_mask(left, columns, rule)  # B x m: each sample's zero output gradients
     inactive = inputs @ obs.weight.T + obs.bias <= 0

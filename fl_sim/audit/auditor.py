@@ -39,6 +39,7 @@ from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.forecast.table import joined_samples, round_correlations
+from fl_sim.model import next_linear
 from fl_sim.report.build import read_jsonl
 from strategies import InterceptedUpdate, update_as_gradient
 
@@ -62,6 +63,13 @@ PROXY_RUN = "proxies"
 
 def _name(base: Mapping[str, Any], suffix: str) -> str:
     return f"r{base['round']:03d}-c{base['client']:03d}{suffix}"
+
+
+def one_noisy_step(declared: Mapping[str, Any]) -> bool:
+    """Whether the update is one DP-SGD step: its next layer's gradient is then one noisy batch
+    gradient, and SPEAR++ fixes the samples' scales from it far better than from the first
+    layer's bias gradient alone (worth keeping the reply whole for)."""
+    return declared.get("defence") == "dp" and int(declared.get("steps", 0)) == 1
 
 
 def rounding_noise(received: np.ndarray, lr: float) -> float:
@@ -93,7 +101,8 @@ class Auditor:
         Seeds the attacks.
     architecture
         The model the server built (its structure; weights are not used): whole-model attacks
-        and the proxies need it.
+        and the proxies need it, and SPEAR++ takes the next layer's gradient from one-step DP
+        updates when it knows which layer that is.
     layer
         ArrayRecord keys of the first linear layer's weight and bias.
     done
@@ -127,6 +136,8 @@ class Auditor:
             raise ValueError("the audit's attacks or proxies need the model's architecture")
         # Only the structure travels to the workers: a weightless copy on the meta device.
         self.architecture = copy.deepcopy(architecture).to("meta") if architecture else None
+        found = next_linear(architecture) if architecture is not None else None
+        self.next_layer = (f"{found[0]}.weight", f"{found[0]}.bias") if found else None
         cluster = cluster or ClusterSpec()
         self._executor = make_executor(cluster.attack_executor, spec.workers, cluster)
         self._lock = threading.Lock()
@@ -142,11 +153,14 @@ class Auditor:
         return [r for r in self.runs if covers(self.spec, r, server_round, client)]
 
     def keeps_whole(self, server_round: int, declared: Mapping[str, Any]) -> bool:
-        """Whether this reply is needed whole: a whole-model attack or the proxies target it."""
+        """Whether this reply is needed whole: a whole-model attack or the proxies target it,
+        or a first-layer attack that uses the next layer of a one-step DP update."""
         client = int(declared.get("partition-id", -1))
         runs = self.runs_for(server_round, client)
         return bool(runs) and (
-            self.spec.proxies or any(ATTACKS[r.attack].whole_model for r in runs)
+            self.spec.proxies
+            or any(ATTACKS[r.attack].whole_model for r in runs)
+            or (self.next_layer is not None and one_noisy_step(declared))
         )
 
     def queue(self, update: InterceptedUpdate) -> int:
@@ -281,31 +295,42 @@ class Auditor:
         if ATTACKS[run.attack].whole_model:
             arrays, view = self._whole_view(update, path, lr, steps, noise_std, knowledge)
         else:
-            arrays, view = self._layer_view(update, path, lr, noise_std)
+            arrays, view = self._layer_view(update, path, lr, noise_std, knowledge)
         view = dataclasses.replace(view, batch_size=batch_size)
         config = PLANS[run.attack].settings(self.spec, run, seed)
         job = AttackJob(base["round"], base["client"], run.label, run.attack, arrays, view, config)
         return job, knowledge
 
     def _layer_view(
-        self, update: InterceptedUpdate, path: Path, lr: float, noise_std: float
+        self,
+        update: InterceptedUpdate,
+        path: Path,
+        lr: float,
+        noise_std: float,
+        knowledge: dict[str, str],
     ) -> tuple[str, ServerView]:
-        """The first layer's arrays (written to ``path``) and the view of a first-layer attack."""
+        """The first layer's arrays (written to ``path``) and the view of a first-layer attack;
+        for a one-step DP update kept whole, the next layer's gradient too."""
         assert update.weight is not None and update.bias is not None
         w_key, b_key = self.layer
         sent = {w_key: update.sent_weight, b_key: update.sent_bias}
         received = {w_key: update.weight, b_key: update.bias}
-        arrays = write_arrays(
-            path,
-            weights={k: v.astype(np.float64) for k, v in sent.items()},
-            gradient={
-                k: update_as_gradient(
-                    sent[k].astype(np.float64), received[k].astype(np.float64), lr
-                )
-                for k in sent
-            },
-        )
-        return arrays, ServerView({}, {}, self.layer, noise_std=noise_std or None)
+        nxt = self.next_layer
+        if nxt is None or update.arrays is None or not one_noisy_step(update.declared):
+            nxt = None
+        else:
+            assert update.sent_arrays is not None
+            sent |= {k: update.sent_arrays[k] for k in nxt}
+            received |= {k: update.arrays[k] for k in nxt}
+            knowledge["next_layer"] = "one DP step: its gradient fixes the samples' scales"
+        gradient = {
+            k: update_as_gradient(sent[k].astype(np.float64), received[k].astype(np.float64), lr)
+            for k in sent
+        }
+        weights = {k: sent[k].astype(np.float64) for k in self.layer}
+        arrays = write_arrays(path, weights=weights, gradient=gradient)
+        view = ServerView({}, {}, self.layer, next_layer=nxt, noise_std=noise_std or None)
+        return arrays, view
 
     def _whole_view(
         self,

@@ -25,7 +25,7 @@ from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.machine import hardware, measured_on
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
-from fl_sim.model import fc_relu_net, first_linear
+from fl_sim.model import fc_relu_net, first_linear, next_linear
 from strategies import update_as_gradient
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,10 @@ def client_update(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
     """One client's first-layer observation for ``case`` and ``seed``, and the true batch.
 
-    Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``), the true
-    images on [0, 1] (B x 3 x 32 x 32) and the per-entry noise std of the gradient-equivalent.
+    Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and for a
+    one-step noisy update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
+    the true images on [0, 1] (B x 3 x 32 x 32) and the per-entry noise std of the
+    gradient-equivalent.
     """
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.labels), case.batch_size, replace=False)
@@ -46,16 +48,20 @@ def client_update(
     torch.manual_seed(seed)
     model = fc_relu_net(case.width, case.depth).to(dtype)
     _, layer = first_linear(model)
-    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    found = next_linear(model)
+    assert found is not None
+    nxt = found[1]
+    params = (layer.weight, layer.bias, nxt.weight, nxt.bias)
+    sent = [p.detach().clone() for p in params]
     gen = torch.Generator().manual_seed(seed)
     result = train_locally(model, norm.apply(images), labels, case.training, gen)
-    lr = case.training.lr
-    view = {
-        "grad_weight": update_as_gradient(weight, layer.weight.detach(), lr),
-        "grad_bias": update_as_gradient(bias, layer.bias.detach(), lr),
-        "weight": weight,
-        "bias": bias,
-    }
+    grads = [
+        update_as_gradient(before, after.detach(), case.training.lr)
+        for before, after in zip(sent, params, strict=True)
+    ]
+    view = {"grad_weight": grads[0], "grad_bias": grads[1], "weight": sent[0], "bias": sent[1]}
+    if result.steps == 1 and result.noise_std > 0:
+        view |= {"next_grad_weight": grads[2], "next_grad_bias": grads[3]}
     return view, images, result.noise_std
 
 
@@ -109,6 +115,9 @@ def run_case(
         view["bias"],
         batch_size=case.batch_size if case.knows_batch_size else None,
         noise_std=noise_std if (case.knows_noise and noise_std) else None,
+        next_layer=(view["next_grad_weight"], view["next_grad_bias"])
+        if "next_grad_weight" in view
+        else None,
         config=case.attack.replace(seed=seed),
     )
     seconds = time.perf_counter() - start
