@@ -43,6 +43,7 @@ _FREE_ITERATIONS = 2
 # IRLS weights are capped where |L q| falls below this share of its largest entry.
 _IRLS_FLOOR = 1e-6
 _MARGIN_NEWTON_STEPS = 8
+_LINE_SEARCH_HALVINGS = 20
 _MARGIN_RIDGE = 1e-6
 
 
@@ -195,19 +196,20 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         slack = (1 - (pre @ p) * sign).clamp_min(0)
         return slack.square().sum(0) + _MARGIN_RIDGE * p.square().sum(0)
 
+    # Backtracking without host round trips: every halving is tried, the first that meets
+    # Armijo's condition kept (the smallest halving where none does).
+    halvings = 0.5 ** torch.arange(_LINE_SEARCH_HALVINGS, dtype=pre.dtype, device=pre.device)
     for _ in range(_MARGIN_NEWTON_STEPS):
         slack = (1 - (pre @ p) * sign).clamp_min(0)
         grad = -2 * pre.T @ (sign * slack) + 2 * _MARGIN_RIDGE * p
         hess = 2 * torch.einsum("jb,jc,jd->cbd", pre, (slack > 0).to(pre.dtype), pre)
-        chol = torch.linalg.cholesky(hess + 2 * _MARGIN_RIDGE * eye)
+        # The ridge makes every Hessian positive definite: no error check (a host sync) needed.
+        chol = torch.linalg.cholesky_ex(hess + 2 * _MARGIN_RIDGE * eye, check_errors=False)[0]
         step = torch.cholesky_solve(grad.T.unsqueeze(-1), chol).squeeze(-1).T
-        before, scale = loss(p), torch.ones(p.shape[1], dtype=p.dtype, device=p.device)
-        for _ in range(20):
-            worse = loss(p - scale * step) > before - 1e-4 * scale * (grad * step).sum(0)
-            if not bool(worse.any()):
-                break
-            scale = torch.where(worse, scale / 2, scale)
-        p = p - scale * step
+        before, slope = loss(p), (grad * step).sum(0)
+        ok = torch.stack([loss(p - h * step) <= before - 1e-4 * h * slope for h in halvings])
+        first = torch.where(ok.any(0), ok.to(torch.int8).argmax(0), len(halvings))
+        p = p - 0.5 ** first.to(p.dtype) * step
     fitted: torch.Tensor = p.T
     return fitted
 

@@ -1,0 +1,97 @@
+"""The search loops never wait on the device: no op that makes a GPU hand a value to the host.
+
+A dispatch mode counts, on the CPU, the ops that would sync on CUDA: reading a scalar
+(``item``, ``bool``, ``float``: ``_local_scalar_dense``), data-dependent shapes (``nonzero``,
+``masked_select``, ``unique``) and linear-algebra error checks (``_linalg_check_errors``).
+Checks inside a kernel (``torch.linalg.eigh``'s on CUDA) are not visible here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attacks import SpearConfig
+from attacks.spearpp.factor import factorise
+from attacks.spearpp.search import random_starts, run_search
+from attacks.spearpp.signs import SignGeometry, fit_inputs, sign_search
+from tests.helpers import observation
+
+SYNCING = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "_unique2",
+    "unique_consecutive",
+    "_linalg_check_errors",
+}
+
+
+class _SyncCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Counter[str] = Counter()
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        name = func._overloadpacket.__name__
+        if name in SYNCING:
+            self.seen[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _syncs(work: Callable[[], object]) -> Counter[str]:
+    with _SyncCounter() as counter:
+        work()
+    return counter.seen
+
+
+@pytest.fixture(scope="module")
+def geometry() -> SignGeometry:
+    view, _, _ = observation(20, 200, 0)
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=None,
+        noise_std=None,
+        precision=1e-9,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return SignGeometry.build(fac.left, fac.right, view["weight"])
+
+
+def test_the_counter_sees_a_sync(geometry: SignGeometry) -> None:
+    assert _syncs(lambda: float(geometry.left.sum()))["_local_scalar_dense"] == 1
+
+
+def test_sign_search_iterations_never_sync(geometry: SignGeometry) -> None:
+    starts = random_starts(8, geometry.left.shape[1], torch.Generator().manual_seed(0))
+    found = geometry.to_search(torch.eye(20, dtype=torch.float64)[:3])
+    assert not _syncs(lambda: sign_search(geometry, starts, None, 14))
+    deflation = torch.linalg.qr(found.T).Q  # B x F
+    assert not _syncs(lambda: sign_search(geometry, starts, deflation, 6, found))
+
+
+def test_max_margin_newton_steps_never_sync(geometry: SignGeometry) -> None:
+    active = geometry.pre[:, :5].T > 0
+    assert not _syncs(lambda: fit_inputs(geometry.pre, active))
+
+
+@pytest.mark.parametrize("optimiser", ["radam", "pgd"])
+def test_surrogate_steps_never_sync(geometry: SignGeometry, optimiser: str) -> None:
+    config = SpearConfig(optimiser=optimiser, steps=20, harvest_every=0)
+    starts = random_starts(16, geometry.left.shape[1], torch.Generator().manual_seed(0))
+
+    def never(points: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("no harvest was asked for")
+
+    assert not _syncs(lambda: run_search(geometry.left, starts, config, never))
