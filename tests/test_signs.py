@@ -14,6 +14,7 @@ from attacks.spearpp.signs import (
     fit_inputs,
     halfspace_agreement,
     sign_search,
+    smallest_eigenvectors,
 )
 from tests.helpers import observation
 
@@ -145,3 +146,21 @@ def test_halfspace_agreement_tells_columns_from_mixes(seed: int) -> None:
     score = halfspace_agreement(pre, torch.stack([active[0], active[1], mix]))
     assert score[:2].min() >= 0.995
     assert score[2] < 0.95
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_inverse_iteration_matches_eigh(seed: int) -> None:
+    """The null step's fast path (Cholesky solves, no host sync) against the reference
+    eigensolver, on Gram matrices of rows that nearly miss one direction, from random starts."""
+    g = torch.Generator().manual_seed(seed)
+    k, r, b = 6, 90, 30
+    rows = torch.randn(k, r, b, generator=g, dtype=torch.float64)
+    hidden = torch.nn.functional.normalize(torch.randn(k, b, generator=g, dtype=torch.float64))
+    rows -= torch.einsum("krb,kb->kr", rows, hidden)[..., None] * hidden[:, None]
+    rows += 1e-4 * torch.randn(k, r, b, generator=g, dtype=torch.float64)
+    gram = rows.transpose(1, 2) @ rows
+    start = torch.randn(k, b, generator=g, dtype=torch.float64)
+    fast = smallest_eigenvectors(gram, start)
+    reference = torch.linalg.eigh(gram)[1][:, :, 0]
+    assert torch.allclose((fast * reference).sum(1).abs(), torch.ones(k, dtype=torch.float64))
+    assert torch.allclose(fast.norm(dim=1), torch.ones(k, dtype=torch.float64))

@@ -42,6 +42,11 @@ _IRLS_STEPS = 3
 _FREE_ITERATIONS = 2
 # IRLS weights are capped where |L q| falls below this share of its largest entry.
 _IRLS_FLOOR = 1e-6
+# Inverse iteration of the null step: solves, shift relative to the mean eigenvalue, and the
+# share of the all-ones direction mixed into the start.
+_INVERSE_SOLVES = 3
+_INVERSE_SHIFT = 1e-9
+_INVERSE_SEED = 1e-6
 _MARGIN_NEWTON_STEPS = 8
 _LINE_SEARCH_HALVINGS = 20
 _MARGIN_RIDGE = 1e-6
@@ -107,6 +112,28 @@ def _inactive_rows(
     return pre_act.argsort(dim=1)[:, :count]
 
 
+def smallest_eigenvectors(gram: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Unit eigenvectors of the smallest eigenvalues of K PSD matrices (K x B x B), by inverse
+    iteration from ``start`` (K x B): a few Cholesky solves of the slightly shifted matrices.
+
+    Each solve multiplies the wanted component by lambda_2 / lambda_1 against the next one, and
+    the null step's matrices have a near-zero smallest eigenvalue, so the start (the previous
+    iterate) is enough. ``torch.linalg.eigh`` would do as well, but on CUDA it checks its
+    error codes on the host after every call; the shift keeps Cholesky from failing, so this
+    needs no check and runs with no host round trip.
+    """
+    b = gram.shape[-1]
+    eye = torch.eye(b, dtype=gram.dtype, device=gram.device)
+    shift = _INVERSE_SHIFT * gram.diagonal(dim1=-2, dim2=-1).sum(-1) / b
+    chol = torch.linalg.cholesky_ex(gram + shift[:, None, None] * eye, check_errors=False)[0]
+    # A start orthogonal to the wanted vector would stay so: a trace of every direction.
+    v = torch.nn.functional.normalize(start, dim=1) + _INVERSE_SEED / b**0.5
+    for _ in range(_INVERSE_SOLVES):
+        v = torch.cholesky_solve(v.unsqueeze(-1), chol).squeeze(-1)
+        v = torch.nn.functional.normalize(v, dim=1)
+    return v
+
+
 def _null_step(
     rows: torch.Tensor, q: torch.Tensor, complement: torch.Tensor | None
 ) -> torch.Tensor:
@@ -119,10 +146,10 @@ def _null_step(
             weights = 1 / size.clamp_min(_IRLS_FLOOR * size.amax(dim=1, keepdim=True))
         gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
         if complement is None:
-            q = torch.linalg.eigh(gram)[1][:, :, 0]
+            q = smallest_eigenvectors(gram, q)
         else:
             inner = complement.T @ gram @ complement
-            q = torch.linalg.eigh(inner)[1][:, :, 0] @ complement.T
+            q = smallest_eigenvectors(inner, q @ complement) @ complement.T
     return q
 
 
