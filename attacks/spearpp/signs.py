@@ -127,7 +127,7 @@ def smallest_eigenvectors(gram: torch.Tensor, start: torch.Tensor) -> torch.Tens
     shift = _INVERSE_SHIFT * gram.diagonal(dim1=-2, dim2=-1).sum(-1) / b
     chol = torch.linalg.cholesky_ex(gram + shift[:, None, None] * eye, check_errors=False)[0]
     # A start orthogonal to the wanted vector would stay so: a trace of every direction.
-    v = torch.nn.functional.normalize(start, dim=1) + _INVERSE_SEED / b**0.5
+    v: torch.Tensor = torch.nn.functional.normalize(start, dim=1) + _INVERSE_SEED / b**0.5
     for _ in range(_INVERSE_SOLVES):
         v = torch.cholesky_solve(v.unsqueeze(-1), chol).squeeze(-1)
         v = torch.nn.functional.normalize(v, dim=1)
