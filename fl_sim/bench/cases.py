@@ -126,14 +126,23 @@ SHALLOW: tuple[AttackCase, ...] = (
     AttackCase("depth 2 l1 RAdam B=50 m=1000", 50, 1000, depth=2, seeds=(0, 1, 2)),
 )
 
+# The engine without the next layer's gradient: scales from the first layer's bias gradient.
+_BIAS_ONLY = SpearConfig(next_layer_scale=False)
+
 # The must-show rows of the "beyond the paper" issue, run with the default (sign-consistency)
-# search; labels keep the paper's row.
+# search; labels keep the paper's row; the DP sigma=1e-4 row also with the first layer's scales.
 BEYOND: tuple[AttackCase, ...] = tuple(
     _with(case, name=case.name.replace("l1 RAdam", "signs"), seeds=seeds)
     for case, seeds in (
         (PAPER[2], (0, 1, 2)),
         (AttackCase("l1 RAdam B=256 m=4000", 256, 4000, paper="(not in the paper)"), (0, 1, 2)),
         (PAPER[10], tuple(range(10))),
+        (
+            _with(
+                PAPER[10], name=PAPER[10].name + " [scales: first layer only]", attack=_BIAS_ONLY
+            ),
+            tuple(range(10)),
+        ),
         (PAPER[12], tuple(range(10))),
         (PAPER[11], (0, 1, 2)),
         (PAPER[13], (0, 1, 2)),
