@@ -44,7 +44,7 @@ _FREE_ITERATIONS = 2
 _IRLS_FLOOR = 1e-6
 # Inverse iteration of the null step: solves, shift relative to the mean eigenvalue, and the
 # share of the all-ones direction mixed into the start.
-_INVERSE_SOLVES = 3
+_INVERSE_SOLVES = 8
 _INVERSE_SHIFT = 1e-9
 _INVERSE_SEED = 1e-6
 _MARGIN_NEWTON_STEPS = 8
