@@ -30,6 +30,7 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
         )
         attack = SpearConfig(
             search=args.search,
+            null_step=args.null_step,
             surrogate=args.surrogate,
             optimiser=args.optimiser,
             starts=args.starts,
@@ -267,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("signs", "surrogate"),
         default="signs",
         help="sign-consistency search first (default), or the surrogate search only",
+    )
+    custom.add_argument(
+        "--null-step",
+        choices=("eigh", "inverse"),
+        default="eigh",
+        help="the sign search's null steps: exact eigh, or inverse iteration (no host syncs)",
     )
     custom.add_argument("--surrogate", choices=("l1", "logcosh", "l4"), default="l1")
     custom.add_argument("--optimiser", choices=("radam", "pgd"), default="radam")

@@ -168,7 +168,9 @@ def _sign_rounds(
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
             starts = random_starts(config.sign_starts, batch_size, generator)
             found = geom.to_search(pool.columns) if len(pool) else None
-            points = sign_search(geom, starts, basis, config.sign_iterations, found)
+            points = sign_search(
+                geom, starts, basis, config.sign_iterations, found, config.null_step
+            )
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
         rounds += 1
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)

@@ -31,6 +31,7 @@ direction of p matters here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -117,10 +118,11 @@ def smallest_eigenvectors(gram: torch.Tensor, start: torch.Tensor) -> torch.Tens
     iteration from ``start`` (K x B): a few Cholesky solves of the slightly shifted matrices.
 
     Each solve multiplies the wanted component by lambda_2 / lambda_1 against the next one, and
-    the null step's matrices have a near-zero smallest eigenvalue, so the start (the previous
-    iterate) is enough. ``torch.linalg.eigh`` would do as well, but on CUDA it checks its
-    error codes on the host after every call; the shift keeps Cholesky from failing, so this
-    needs no check and runs with no host round trip.
+    the null step's matrices of a true column have a near-zero smallest eigenvalue, so a few
+    solves from the previous iterate suffice there. ``torch.linalg.eigh`` checks its error
+    codes on the host after every call on CUDA; the shift keeps Cholesky from failing, so this
+    needs no check and runs with no host round trip. Where the gap is small it stays nearer
+    the start than the exact eigenvector does (see ``SpearConfig.null_step``).
     """
     b = gram.shape[-1]
     eye = torch.eye(b, dtype=gram.dtype, device=gram.device)
@@ -134,8 +136,24 @@ def smallest_eigenvectors(gram: torch.Tensor, start: torch.Tensor) -> torch.Tens
     return v
 
 
+def _eigh_smallest(gram: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """The exact eigenvectors of the smallest eigenvalues (``start`` is not needed)."""
+    vectors: torch.Tensor = torch.linalg.eigh(gram)[1][:, :, 0]
+    return vectors
+
+
+# How the null step finds the smallest eigenvector of each point's Gram matrix, by name.
+NULL_STEPS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "eigh": _eigh_smallest,
+    "inverse": smallest_eigenvectors,
+}
+
+
 def _null_step(
-    rows: torch.Tensor, q: torch.Tensor, complement: torch.Tensor | None
+    rows: torch.Tensor,
+    q: torch.Tensor,
+    complement: torch.Tensor | None,
+    smallest: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """Robust null direction of each point's rows (K x r x B), inside ``complement`` (B x c,
     orthonormal) when given: least squares, then IRLS steps towards the l1 minimiser."""
@@ -146,10 +164,10 @@ def _null_step(
             weights = 1 / size.clamp_min(_IRLS_FLOOR * size.amax(dim=1, keepdim=True))
         gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
         if complement is None:
-            q = smallest_eigenvectors(gram, q)
+            q = smallest(gram, q)
         else:
             inner = complement.T @ gram @ complement
-            q = smallest_eigenvectors(inner, q @ complement) @ complement.T
+            q = smallest(inner, q @ complement) @ complement.T
     return q
 
 
@@ -159,6 +177,7 @@ def sign_search(
     deflation: torch.Tensor | None,
     iterations: int,
     found: torch.Tensor | None = None,
+    null_step: str = "eigh",
 ) -> torch.Tensor:
     """Iterate labels and null steps from ``starts`` (K x B, search coordinates).
 
@@ -177,6 +196,8 @@ def sign_search(
         The found columns (F x B, search coordinates): the halfspace fits are restricted to
         their orthogonal complement, where the unfound samples' inputs lie. ``None``: no
         restriction.
+    null_step
+        Key of :data:`NULL_STEPS`: how each null step's eigenvector is found.
 
     Returns
     -------
@@ -193,7 +214,8 @@ def sign_search(
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
         rows = geom.left[_inactive_rows(geom.left, fit_space, q, count)]
-        q = _null_step(rows, q, complement if it < iterations - _FREE_ITERATIONS else None)
+        deflate = complement if it < iterations - _FREE_ITERATIONS else None
+        q = _null_step(rows, q, deflate, NULL_STEPS[null_step])
     return q
 
 
