@@ -271,9 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     custom.add_argument(
         "--null-step",
-        choices=("eigh", "inverse"),
-        default="eigh",
-        help="the sign search's null steps: exact eigh, or inverse iteration (no host syncs)",
+        choices=("auto", "eigh", "inverse"),
+        default="auto",
+        help="the sign search's null steps: exact eigh, inverse iteration (no host syncs), or "
+        "auto (inverse on CUDA, eigh elsewhere)",
     )
     custom.add_argument("--surrogate", choices=("l1", "logcosh", "l4"), default="l1")
     custom.add_argument("--optimiser", choices=("radam", "pgd"), default="radam")

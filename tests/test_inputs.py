@@ -108,7 +108,7 @@ def test_numpy_inputs_are_accepted() -> None:
         ("lr_final", 1.0, "lr_final=1.0: need 0 < lr_final <= lr"),
         ("device", "tpu", "allowed are auto, cpu, cuda, cuda:N"),
         ("search", "gauss", "allowed are signs, surrogate"),
-        ("null_step", "svd", "allowed are eigh, inverse"),
+        ("null_step", "svd", "allowed are auto, eigh, inverse"),
         ("sign_iterations", 0, "must be >= 1"),
         ("sign_patience", -1, "must be >= 0"),
     ],

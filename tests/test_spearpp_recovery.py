@@ -125,3 +125,10 @@ def test_next_layer_fixes_scales_under_dp_noise() -> None:
             near[joint] += int((score.psnr >= NEAR_EXACT_DB).sum())
     assert near[True] >= 0.95 * 3 * case.batch_size
     assert near[True] > near[False]
+
+
+def test_null_step_auto_is_eigh_on_the_cpu_and_recorded() -> None:
+    view, _, _ = observation(8, 100, 0)
+    assert reconstruct(**view, config=FAST).settings["null_step_used"] == "eigh"
+    inverse = FAST.replace(null_step="inverse")
+    assert reconstruct(**view, config=inverse).settings["null_step_used"] == "inverse"

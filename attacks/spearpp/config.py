@@ -10,7 +10,7 @@ Surrogate = Literal["l1", "logcosh", "l4"]
 Optimiser = Literal["radam", "pgd"]
 Refinement = Literal["auto", "kernel", "sampling", "none"]
 Search = Literal["signs", "surrogate"]
-NullStep = Literal["eigh", "inverse"]
+NullStep = Literal["auto", "eigh", "inverse"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "surrogate": ("l1", "logcosh", "l4"),
@@ -18,7 +18,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "refine": ("auto", "kernel", "sampling", "none"),
     "search_dtype": ("float32", "float64"),
     "search": ("signs", "surrogate"),
-    "null_step": ("eigh", "inverse"),
+    "null_step": ("auto", "eigh", "inverse"),
 }
 
 
@@ -41,11 +41,11 @@ class SpearConfig:
         Rounds in a row without a new column after which the surrogate passes take over.
     null_step
         How the sign search's null steps find their direction: ``eigh`` (the exact smallest
-        eigenvector; on CUDA each call checks its error codes on the host) or ``inverse``
+        eigenvector; on CUDA each call checks its error codes on the host), ``inverse``
         (warm-started inverse iteration by Cholesky solves: no host round trip in the search
         loop; on the CPU about 30% faster at m=1000, B=100, but it stays nearer its start,
         which at the batch-size limit stalled one of two seeds of m=1000, B=110 that ``eigh``
-        solves). Unmeasured on a GPU.
+        solves), or ``auto``: ``inverse`` on CUDA, ``eigh`` elsewhere. Unmeasured on a GPU.
     surrogate
         Sparsity surrogate minimised over the sphere: ``l1``, ``logcosh`` or ``l4`` (that is -l4).
     optimiser
@@ -104,7 +104,7 @@ class SpearConfig:
     sign_starts: int = 8
     sign_iterations: int = 14
     sign_patience: int = 10
-    null_step: NullStep = "eigh"
+    null_step: NullStep = "auto"
     surrogate: Surrogate = "l1"
     optimiser: Optimiser = "radam"
     starts: int = 2000

@@ -151,6 +151,7 @@ def _sign_rounds(
     batch_size: int,
     generator: torch.Generator,
     out_of_time: Callable[[], bool],
+    null_step: str,
 ) -> int:
     """Rounds of the sign-consistency search until the pool is full, it stalls, or time is up;
     the number of rounds run."""
@@ -168,9 +169,7 @@ def _sign_rounds(
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
             starts = random_starts(config.sign_starts, batch_size, generator)
             found = geom.to_search(pool.columns) if len(pool) else None
-            points = sign_search(
-                geom, starts, basis, config.sign_iterations, found, config.null_step
-            )
+            points = sign_search(geom, starts, basis, config.sign_iterations, found, null_step)
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
         rounds += 1
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
@@ -199,12 +198,16 @@ def run_spearpp(
         )
     b, m = fac.batch_size, obs.width
     next_layer = config.next_layer_scale and obs.next_layer is not None
+    null_step = config.null_step
+    if null_step == "auto":  # no host round trips in the GPU's search loop
+        null_step = "inverse" if device.type == "cuda" else "eigh"
     settings = {
         **config.as_dict(),
         "refinement": config.refinement,
         "device_used": str(device),
         "declared_batch_size": batch_size,
         "declared_noise_std": noise_std,
+        "null_step_used": null_step,
         "scales_from": "this and the next layer's bias gradients"
         if next_layer
         else "bias gradient",
@@ -242,7 +245,7 @@ def run_spearpp(
         with clock.stage("search"):
             geom = SignGeometry.build(left, fac.right, obs.weight)
         harvest.pre = geom.pre
-        sign_rounds = _sign_rounds(harvest, geom, b, generator, out_of_time)
+        sign_rounds = _sign_rounds(harvest, geom, b, generator, out_of_time, null_step)
         if _few_missing(config, b, len(pool)):
             _deflate(harvest, b, generator)
         log.info(
