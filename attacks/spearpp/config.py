@@ -44,7 +44,7 @@ class SpearConfig:
         eigenvector; on CUDA each call checks its error codes on the host), ``inverse``
         (warm-started inverse iteration by Cholesky solves: no host round trip in the search
         loop; on the CPU about 30% faster at m=1000, B=100, but it stays nearer its start,
-        which at the batch-size limit stalled one of two seeds of m=1000, B=110 that ``eigh``
+        which at the batch-size limit stalled one of three seeds of m=1000, B=110 that ``eigh``
         solves), or ``auto``: ``inverse`` on CUDA, ``eigh`` elsewhere. Unmeasured on a GPU.
     surrogate
         Sparsity surrogate minimised over the sphere: ``l1``, ``logcosh`` or ``l4`` (that is -l4).
