@@ -25,6 +25,16 @@ def fc_relu_net(width: int = 200, depth: int = 6, input_dim: int = INPUT_DIM) ->
     return nn.Sequential(*layers)
 
 
+def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules without children, in registration order: the layers as data flows."""
+    return [(n, m) for n, m in model.named_modules() if not list(m.children())]
+
+
+def array_keys(name: str) -> tuple[str, str]:
+    """ArrayRecord (state dict) keys of the weight and bias of the linear layer ``name``."""
+    return f"{name}.weight", f"{name}.bias"
+
+
 def first_linear(model: nn.Module) -> tuple[str, nn.Linear]:
     """Name and module of the first ``nn.Linear`` in ``model`` (registration order), checked to be
     followed by a ReLU, the structure SPEAR++ needs.
@@ -34,7 +44,7 @@ def first_linear(model: nn.Module) -> tuple[str, nn.Linear]:
     ValueError
         If the model has no linear layer, or the next leaf module after the first is not a ReLU.
     """
-    leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    leaves = _leaves(model)
     for i, (name, module) in enumerate(leaves):
         if isinstance(module, nn.Linear):
             after = leaves[i + 1][1] if i + 1 < len(leaves) else None
@@ -51,7 +61,7 @@ def next_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
     """Name and module of the linear layer that takes the first linear layer's ReLU output
     directly (``Linear -> ReLU -> Linear``), or ``None`` when something else comes between."""
     first, _ = first_linear(model)
-    leaves = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    leaves = _leaves(model)
     i = [n for n, _ in leaves].index(first)
     if i + 2 < len(leaves):
         name, module = leaves[i + 2]

@@ -219,6 +219,12 @@ def sign_search(
     return q
 
 
+def _margin_loss(pre_act: torch.Tensor, sign: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Squared hinge of the pre-activations (m x c) against the signs, plus the ridge on p."""
+    slack = (1 - pre_act * sign).clamp_min(0)
+    return slack.square().sum(0) + _MARGIN_RIDGE * p.square().sum(0)
+
+
 def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     """Max-margin input coordinates for activity patterns.
 
@@ -241,22 +247,26 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     p = torch.linalg.lstsq(pre, sign).solution
     eye = torch.eye(pre.shape[1], dtype=pre.dtype, device=pre.device)
 
-    def loss(p: torch.Tensor) -> torch.Tensor:
-        slack = (1 - (pre @ p) * sign).clamp_min(0)
-        return slack.square().sum(0) + _MARGIN_RIDGE * p.square().sum(0)
-
     # Backtracking without host round trips: every halving is tried, the first that meets
     # Armijo's condition kept (the smallest halving where none does).
     halvings = 0.5 ** torch.arange(_LINE_SEARCH_HALVINGS, dtype=pre.dtype, device=pre.device)
     for _ in range(_MARGIN_NEWTON_STEPS):
-        slack = (1 - (pre @ p) * sign).clamp_min(0)
+        current = pre @ p
+        slack = (1 - current * sign).clamp_min(0)
         grad = -2 * pre.T @ (sign * slack) + 2 * _MARGIN_RIDGE * p
         hess = 2 * torch.einsum("jb,jc,jd->cbd", pre, (slack > 0).to(pre.dtype), pre)
         # The ridge makes every Hessian positive definite: no error check (a host sync) needed.
         chol = torch.linalg.cholesky_ex(hess + 2 * _MARGIN_RIDGE * eye, check_errors=False)[0]
         step = torch.cholesky_solve(grad.T.unsqueeze(-1), chol).squeeze(-1).T
-        before, slope = loss(p), (grad * step).sum(0)
-        ok = torch.stack([loss(p - h * step) <= before - 1e-4 * h * slope for h in halvings])
+        along = pre @ step  # pre (p - h step) = current - h along: one product for all h
+        before = _margin_loss(current, sign, p)
+        slope = (grad * step).sum(0)
+        ok = torch.stack(
+            [
+                _margin_loss(current - h * along, sign, p - h * step) <= before - 1e-4 * h * slope
+                for h in halvings
+            ]
+        )
         first = torch.where(ok.any(0), ok.to(torch.int8).argmax(0), len(halvings))
         p = p - 0.5 ** first.to(p.dtype) * step
     fitted: torch.Tensor = p.T

@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
-from fl_sim.model import first_linear
+from fl_sim.model import array_keys, first_linear
 from strategies import HonestButCurious
 
 MODEL_FILE = "global_model.pt"
@@ -40,7 +40,7 @@ def attacked_layer(scenario: Scenario) -> tuple[str, str]:
     """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks (and the one whose
     rank tells the optimisation attack the batch size)."""
     name, _ = first_linear(scenario.model.build())
-    return f"{name}.weight", f"{name}.bias"
+    return array_keys(name)
 
 
 def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:

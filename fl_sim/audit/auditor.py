@@ -39,7 +39,7 @@ from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.forecast.table import joined_samples, round_correlations
-from fl_sim.model import next_linear
+from fl_sim.model import array_keys, next_linear
 from fl_sim.report.build import read_jsonl
 from strategies import InterceptedUpdate, update_as_gradient
 
@@ -137,7 +137,7 @@ class Auditor:
         # Only the structure travels to the workers: a weightless copy on the meta device.
         self.architecture = copy.deepcopy(architecture).to("meta") if architecture else None
         found = next_linear(architecture) if architecture is not None else None
-        self.next_layer = (f"{found[0]}.weight", f"{found[0]}.bias") if found else None
+        self.next_layer = array_keys(found[0]) if found else None
         cluster = cluster or ClusterSpec()
         self._executor = make_executor(cluster.attack_executor, spec.workers, cluster)
         self._lock = threading.Lock()
@@ -316,10 +316,10 @@ class Auditor:
         sent = {w_key: update.sent_weight, b_key: update.sent_bias}
         received = {w_key: update.weight, b_key: update.bias}
         nxt = self.next_layer
-        if nxt is None or update.arrays is None or not one_noisy_step(update.declared):
+        if not (update.arrays is not None and one_noisy_step(update.declared)):
             nxt = None
-        else:
-            assert update.sent_arrays is not None
+        if nxt is not None:
+            assert update.sent_arrays is not None and update.arrays is not None
             sent |= {k: update.sent_arrays[k] for k in nxt}
             received |= {k: update.arrays[k] for k in nxt}
             knowledge["next_layer"] = "one DP step: its gradient fixes the samples' scales"
