@@ -127,8 +127,10 @@ def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
         landed = cos.amax(dim=1) > 1 - 1e-9
         return int(landed.sum()), sum(int(k) in missing for k in cos[landed].argmax(dim=1))
 
-    landed, right = on_missing(sign_search(geom, starts, None, 8, found))
-    assert landed >= 4 and right == landed
+    # Found columns stay fixed points of the search (its labels follow each point's own zeros),
+    # so some starts still land on them; the engine drops those as known.
+    _, right = on_missing(sign_search(geom, starts, None, 8, found))
+    assert right >= 4
     assert right > on_missing(sign_search(geom, starts, None, 8))[1]
 
 

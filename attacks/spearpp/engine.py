@@ -22,6 +22,7 @@ from attacks.spearpp.signs import (
     deflation_basis,
     fit_inputs,
     halfspace_agreement,
+    null_step_rows,
     sign_search,
 )
 from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs
@@ -47,6 +48,10 @@ _START_SPREAD = 0.5
 # The convex search pays off only for the last few columns: with many missing, its optimum is
 # mostly a mix of them.
 _DEFLATE_MAX_MISSING = 4
+# Largest factor by which idle sign rounds widen the next round's starts.
+_SIGN_WIDEN_MAX = 16
+# Random mixes of the missing columns' guesses per missing column.
+_LAST_MIXES = 4
 
 
 class _Clock:
@@ -145,6 +150,42 @@ def _deflate(harvest: _Harvester, batch_size: int, generator: torch.Generator) -
             break
 
 
+def _last_columns(
+    geom: SignGeometry,
+    basis: torch.Tensor,
+    found: torch.Tensor,
+    config: SpearConfig,
+    null_step: str,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Sign searches from the best guess of the few missing columns (search coordinates).
+
+    Every missing column is orthogonal to every found sample's input coordinates (P Q = I), so
+    the complement of their estimates (``basis``) holds the guesses; their errors (a few
+    degrees on trained networks) leave the guesses outside small basins, and a sample with many
+    zeros is pulled in only by null steps on more rows than the default: each guess is run with
+    several row counts.
+    """
+    b = basis.shape[0]
+    m = geom.left.shape[0]
+    complement = torch.linalg.svd(basis, full_matrices=True)[0][:, basis.shape[1] :]
+    mixes = torch.randn(
+        _LAST_MIXES * complement.shape[1],
+        complement.shape[1],
+        generator=generator,
+        dtype=complement.dtype,
+    ).to(complement.device)
+    guesses = torch.cat([complement.T, mixes @ complement.T])
+    default = null_step_rows(m, b)
+    counts = sorted({default, (default + m // 2) // 2, m // 2})
+    return torch.cat(
+        [
+            sign_search(geom, guesses, None, config.sign_iterations, found, null_step, rows)
+            for rows in counts
+        ]
+    )
+
+
 def _sign_rounds(
     harvest: _Harvester,
     geom: SignGeometry,
@@ -152,14 +193,14 @@ def _sign_rounds(
     generator: torch.Generator,
     out_of_time: Callable[[], bool],
     null_step: str,
-) -> int:
+) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls, or time is up;
-    the number of rounds run."""
+    the number of rounds run and of starts they used."""
     pool, config = harvest.pool, harvest.config
     # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
     inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
     basis: torch.Tensor | None = None
-    idle = rounds = 0
+    idle = rounds = starts_run = 0
     while len(pool) < batch_size and idle < config.sign_patience and not out_of_time():
         with harvest.clock.stage("search"):
             fresh = pool.columns[inputs.shape[0] :]
@@ -167,13 +208,25 @@ def _sign_rounds(
                 active = ~zero_mask(harvest.left, fresh, harvest.rule)
                 inputs = torch.cat([inputs, fit_inputs(geom.pre, active)])
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
-            starts = random_starts(config.sign_starts, batch_size, generator)
+            # Basins of trained networks' columns are very uneven: rounds that find nothing
+            # widen the next one, and a success narrows it again.
+            widen = min(2**idle, _SIGN_WIDEN_MAX)
+            starts = random_starts(config.sign_starts * widen, batch_size, generator)
             found = geom.to_search(pool.columns) if len(pool) else None
             points = sign_search(geom, starts, basis, config.sign_iterations, found, null_step)
+            if (
+                basis is not None
+                and found is not None
+                and _few_missing(config, batch_size, len(pool))
+            ):
+                points = torch.cat(
+                    [points, _last_columns(geom, basis, found, config, null_step, generator)]
+                )
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
         rounds += 1
+        starts_run += int(starts.shape[0])
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
-    return rounds
+    return rounds, starts_run
 
 
 def run_spearpp(
@@ -240,12 +293,12 @@ def run_spearpp(
         budget = config.time_budget_s
         return budget is not None and time.perf_counter() - started > budget
 
-    sign_rounds = 0
+    sign_rounds = sign_starts = 0
     if config.search == "signs":
         with clock.stage("search"):
             geom = SignGeometry.build(left, fac.right, obs.weight)
         harvest.pre = geom.pre
-        sign_rounds = _sign_rounds(harvest, geom, b, generator, out_of_time, null_step)
+        sign_rounds, sign_starts = _sign_rounds(harvest, geom, b, generator, out_of_time, null_step)
         if _few_missing(config, b, len(pool)):
             _deflate(harvest, b, generator)
         log.info(
@@ -322,7 +375,7 @@ def run_spearpp(
         verified=verified,
         timings=clock.seconds,
         counts={
-            "starts": starts + sign_rounds * config.sign_starts,
+            "starts": starts + sign_starts,
             "sign_rounds": sign_rounds,
             "passes": passes,
             "candidates": harvest.proposed,

@@ -27,11 +27,37 @@ _CHUNK = 256
 SAME_COLUMN_COSINE = 0.999
 SAME_COLUMN_COSINE_NOISY = 0.98
 _MAX_MIX = 4
+# Zeros end at a jump of |L q| this large (log scale, e^3 = 20x): a true column's zeros sit
+# many orders below its entries, an unconverged point shows no such jump.
+_ZERO_JUMP = 3.0
 # Rows of L this small next to the largest belong to neurons no sample activates.
 _DEAD_ROW = 1e-9
 _SPLIT_DRAWS = 8
 # Mixes split per call: the rest are dropped (they recur if they matter).
 _SPLIT_MAX = 32
+
+
+def zero_split(size: torch.Tensor, floor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each point's zeros end: a threshold on ``size`` = |L q| (K x m), K x 1, and
+    whether it sits at a jump (K).
+
+    A point near a true column has exact zeros on its sample's inactive rows, far below its
+    active entries: the split is at the largest jump of the sorted log sizes (at least
+    ``floor`` rows from either end). Elsewhere no jump stands out and the split is at the
+    median. A fixed share would mislabel every sample that leaves more or fewer than half its
+    neurons inactive, and trained networks' samples range from a third to two thirds.
+    """
+    m = size.shape[1]
+    lo = min(max(floor, m // 8), m // 2 - 1)
+    ordered = size.sort(dim=1).values
+    logs = ordered.clamp_min(torch.finfo(size.dtype).tiny).log()
+    jumps = logs[:, lo + 1 : m - lo] - logs[:, lo : m - lo - 1]
+    best, where = jumps.max(dim=1)
+    at = (where + lo)[:, None]
+    split = (ordered.gather(1, at) * ordered.gather(1, at + 1)).sqrt()
+    jumped = best > _ZERO_JUMP
+    median = size.median(dim=1, keepdim=True).values
+    return torch.where(jumped[:, None], split, median), jumped
 
 
 def pin_rows(batch_size: int) -> int:
@@ -207,6 +233,19 @@ def _refit(
     return v, _count_zeros(left, v, rule)
 
 
+def _check(
+    left: torch.Tensor, v: torch.Tensor, residual: torch.Tensor, rows: int, rule: ZeroRule
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+    """For unit ``v`` (c x B) with ``residual`` the smallest singular value of its pinning
+    rows: whether those rows pin it, its zero set, whether it is one column, and mixes' bases."""
+    yv = v @ left.T
+    entry_tol = rule.tolerance(v, yv)
+    pinned = residual <= entry_tol * math.sqrt(rows)
+    zero = yv.abs() <= entry_tol[:, None]
+    one_column, bases = _certify(left, v, zero, entry_tol)
+    return pinned, zero, one_column, bases
+
+
 def refine_kernel(
     left: torch.Tensor,
     points: torch.Tensor,
@@ -246,17 +285,36 @@ def refine_kernel(
     parts: list[Candidates] = []
     for block in points.split(chunk):
         y = block.to(torch.float64) @ left.T
-        idx = y.abs().masked_fill(dead, torch.inf).argsort(dim=1)[:, :rows]
+        size = (y.abs() / row_norms).masked_fill(dead, torch.inf)
+        idx = size.argsort(dim=1)[:, :rows]
         _, s, vh = torch.linalg.svd(left[idx], full_matrices=False)
         v = canonical_sign(vh[:, -1, :])
         keep = novel(v, known, rule.same_column_cosine)
-        v, s = v[keep], s[keep]
-        yv = v @ left.T
-        entry_tol = rule.tolerance(v, yv)
-        pinned = s[:, -1] <= entry_tol * math.sqrt(rows)
-        zero = yv.abs() <= entry_tol[:, None]
+        v, s, size = v[keep], s[keep], size[keep]
+        pinned, zero, one_column, bases = _check(left, v, s[:, -1], rows, rule)
+        # On trained networks many zero rows belong to neurons that only a few samples
+        # activate, so a point's few smallest rows may not pin it; a converged point's whole
+        # zero set (up to the jump in its sorted sizes) then does.
+        threshold, jumped = zero_split(size, b)
+        redo = jumped & ~(pinned & one_column)
+        if bool(redo.any()):
+            below = (size[redo] < threshold[redo]).to(left.dtype)
+            gram = torch.einsum("mb,cm,md->cbd", left, below, left)
+            w = canonical_sign(torch.linalg.eigh(gram)[1][:, :, 0])
+            w_pinned, w_zero, w_one, w_bases = _check(
+                left, w, torch.zeros_like(w[:, 0]), rows, rule
+            )
+            better = w_pinned & w_one
+            where = torch.nonzero(redo).flatten()[better]
+            v[where], zero[where], pinned[where], one_column[where] = (
+                w[better],
+                w_zero[better],
+                w_pinned[better],
+                w_one[better],
+            )
+            for i, j in zip(where.tolist(), torch.nonzero(better).flatten().tolist(), strict=True):
+                bases[i] = w_bases[j]
         zeros = zero.sum(dim=1)
-        one_column, bases = _certify(left, v, zero, entry_tol)
         verified = pinned & one_column & (zeros >= rows)
         if rule.noise_std and bool(verified.any()):
             v[verified], zeros[verified] = _refit(left, zero[verified], rule)

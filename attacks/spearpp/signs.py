@@ -36,7 +36,11 @@ from dataclasses import dataclass
 
 import torch
 
-# Rows handed to the null step: this many per column of Q (at least a fifth, at most half of m).
+from attacks.spearpp.refine import zero_split
+
+# Rows handed to the null step: this share of the rows labelled inactive, at least this many
+# per column of Q.
+_ROW_SHARE = 0.6
 _ROWS_PER_COLUMN = 3
 _IRLS_STEPS = 3
 # Final iterations without deflation.
@@ -104,13 +108,21 @@ def _input_space(geom: SignGeometry, found: torch.Tensor | None) -> torch.Tensor
 
 def _inactive_rows(
     left: torch.Tensor, basis: torch.Tensor, q: torch.Tensor, count: int
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For each point (K x B), the ``count`` rows its fitted halfspace pattern (the labels'
-    projection onto ``basis``) rates most inactive (K x count)."""
+    projection onto ``basis``) rates most inactive among those labelled inactive (K x count),
+    and which of them are labelled inactive (K x count: a point may have fewer such rows).
+
+    Rows labelled active are never used: at a true column the labels are exact, so its null
+    step sees only true zeros and the column stays a fixed point whatever the fit's errors.
+    """
     size = (q @ left.T).abs()
-    labels = torch.where(size < size.median(dim=1, keepdim=True).values, -1.0, 1.0)
-    pre_act = (labels.to(q.dtype) @ basis) @ basis.T
-    return pre_act.argsort(dim=1)[:, :count]
+    labels = torch.where(size < zero_split(size, q.shape[1])[0], -1.0, 1.0).to(size.dtype)
+    pre_act = (labels @ basis) @ basis.T
+    # Labelled-active rows go last: their fitted values are shifted past every inactive one.
+    shift = (2 * pre_act.abs().amax(dim=1, keepdim=True) + 1)
+    rows = (pre_act + shift * (labels > 0)).argsort(dim=1)[:, :count]
+    return rows, labels.gather(1, rows) < 0
 
 
 def smallest_eigenvectors(gram: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
@@ -154,14 +166,19 @@ def _null_step(
     q: torch.Tensor,
     complement: torch.Tensor | None,
     smallest: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    use: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Robust null direction of each point's rows (K x r x B), inside ``complement`` (B x c,
-    orthonormal) when given: least squares, then IRLS steps towards the l1 minimiser."""
-    weights = torch.ones(rows.shape[:2], dtype=rows.dtype, device=rows.device)
+    orthonormal) when given: least squares, then IRLS steps towards the l1 minimiser. ``use``
+    (K x r) leaves rows out (weight 0)."""
+    mask = torch.ones(rows.shape[:2], dtype=rows.dtype, device=rows.device)
+    if use is not None:
+        mask = use.to(rows.dtype)
+    weights = mask
     for step in range(_IRLS_STEPS):
         if step:
             size = torch.einsum("krb,kb->kr", rows, q).abs()
-            weights = 1 / size.clamp_min(_IRLS_FLOOR * size.amax(dim=1, keepdim=True))
+            weights = mask / size.clamp_min(_IRLS_FLOOR * size.amax(dim=1, keepdim=True))
         gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
         if complement is None:
             q = smallest(gram, q)
@@ -171,6 +188,11 @@ def _null_step(
     return q
 
 
+def null_step_rows(m: int, b: int) -> int:
+    """Default rows per null step for m neurons and B columns."""
+    return min(m // 2, max(_ROWS_PER_COLUMN * b, m // 5))
+
+
 def sign_search(
     geom: SignGeometry,
     starts: torch.Tensor,
@@ -178,6 +200,7 @@ def sign_search(
     iterations: int,
     found: torch.Tensor | None = None,
     null_step: str = "eigh",
+    rows: int | None = None,
 ) -> torch.Tensor:
     """Iterate labels and null steps from ``starts`` (K x B, search coordinates).
 
@@ -198,14 +221,15 @@ def sign_search(
         restriction.
     null_step
         Key of :data:`NULL_STEPS`: how each null step's eigenvector is found.
+    rows
+        Rows per null step (default: :func:`null_step_rows`).
 
     Returns
     -------
     torch.Tensor
         K x B points, in search coordinates.
     """
-    m, b = geom.left.shape
-    count = min(m // 2, max(_ROWS_PER_COLUMN * b, m // 5))
+    count = rows or null_step_rows(*geom.left.shape)
     complement = None
     if deflation is not None and deflation.shape[1]:
         full = torch.linalg.svd(deflation, full_matrices=True)[0]
@@ -213,9 +237,9 @@ def sign_search(
     fit_space = _input_space(geom, found)
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
-        rows = geom.left[_inactive_rows(geom.left, fit_space, q, count)]
+        picked, use = _inactive_rows(geom.left, fit_space, q, count)
         deflate = complement if it < iterations - _FREE_ITERATIONS else None
-        q = _null_step(rows, q, deflate, NULL_STEPS[null_step])
+        q = _null_step(geom.left[picked], q, deflate, NULL_STEPS[null_step], use)
     return q
 
 
