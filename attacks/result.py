@@ -32,7 +32,13 @@ class Reconstruction:
         sample's inactive neurons are exactly the zeros of its gradient); for the optimisation
         attack the cosine similarity of the reconstruction's gradient with the observed one.
     verified
-        Per reconstructed sample, whether its column was certified.
+        Per reconstructed sample, whether its column was certified (one sample's output
+        gradient exactly). A verified column alone does not fix its sample's input while other
+        columns are missing: the input depends on every column.
+    certified
+        Per reconstructed sample, whether the attack vouches for the input itself, without
+        ground truth: every sample of an ``exact`` batch, and in a partial one each sample a
+        neuron isolates (:mod:`attacks.spearpp.isolate`). Never set by an optimisation attack.
     timings
         Seconds per stage (``factorise``, ``search``, ``refine``, ``select``, ``solve``, ``total``).
     counts
@@ -50,6 +56,7 @@ class Reconstruction:
     status: Status
     confidence: torch.Tensor
     verified: torch.Tensor
+    certified: torch.Tensor
     timings: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -63,6 +70,7 @@ class Reconstruction:
             "status": self.status,
             "reason": self.reason,
             "verified": int(self.verified.sum()),
+            "certified": int(self.certified.sum()),
             "confidence_mean": float(self.confidence.mean()) if self.batch_size else 0.0,
             "timings": dict(self.timings),
             "counts": dict(self.counts),

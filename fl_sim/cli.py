@@ -15,6 +15,7 @@ from fl_sim.bench import scale, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import PRESETS, AttackCase
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.pretrain import Pretraining
 
 
 def _custom_case(args: argparse.Namespace) -> AttackCase:
@@ -74,6 +75,14 @@ def _bench_attack(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         seeds = tuple(int(s) for s in args.seeds.split(","))
         cases = tuple(AttackCase(**{**c.__dict__, "seeds": seeds}) for c in cases)
+    if args.pretrain_steps is not None:
+        try:
+            pre = Pretraining(args.pretrain_steps, args.pretrain_lr, args.pretrain_batch)
+        except ValueError as err:
+            raise SystemExit(f"fl-sim bench attack: {err}") from None
+        cases = tuple(
+            AttackCase(**{**c.__dict__, "pretrain": pre, "name": c.name + pre.label}) for c in cases
+        )
     data = bench_data(args.data, args.split)
     out = results_folder(args.out, f"attack-{args.preset}")
     command = command_line()
@@ -294,6 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds per reconstruction after which no new pass starts",
     )
+    trained = attack.add_argument_group(
+        "pre-training: attack every case on a trained network (SGD on other images of --data)"
+    )
+    trained.add_argument(
+        "--pretrain-steps", type=int, help="SGD steps before the client's round (0: none)"
+    )
+    trained.add_argument("--pretrain-lr", type=float, default=0.05)
+    trained.add_argument("--pretrain-batch", type=int, default=32, help="images per SGD step")
     attack.add_argument("--out", help="results folder (default: bench/runs/attack-PRESET-TIME)")
     attack.set_defaults(func=_bench_attack)
     sweep = bench.add_parser(

@@ -55,6 +55,9 @@ def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> Non
     undefended = [r for r in records if r["client"] == 0]
     assert all(r["status"] == "exact" and r["share_exact"] == 1.0 for r in undefended)
     assert all(r["psnr_min"] >= 100 for r in undefended)
+    assert all(r["certified"] == r["columns_verified"] == 20 for r in undefended)
+    # The attack never vouches for more than the judge finds exact.
+    assert all(r["share_exact"] >= r["share_certified"] for r in records)
     # One DP step: the next layer's gradient fixes each sample's scale under the noise.
     weak_dp = [r for r in records if r["client"] == 2]
     assert all("next_layer" in r["knowledge"] for r in weak_dp)

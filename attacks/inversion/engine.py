@@ -197,6 +197,7 @@ def invert_gradients(
                 status="approximate",
                 confidence=torch.full((batch_size,), similarity, dtype=torch.float64),
                 verified=torch.zeros(batch_size, dtype=torch.bool),
+                certified=torch.zeros(batch_size, dtype=torch.bool),
                 timings={"optimise": optimised, "total": time.perf_counter() - start},
                 counts={
                     "restarts": config.restarts,

@@ -14,6 +14,7 @@ from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import LayerObservation
+from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
@@ -274,6 +275,7 @@ def run_spearpp(
             status="failed",
             confidence=torch.zeros(0, dtype=torch.float64),
             verified=torch.zeros(0, dtype=torch.bool),
+            certified=torch.zeros(0, dtype=torch.bool),
             timings=clock.seconds,
             counts={"starts": 0, "passes": 0, "candidates": 0, "unique": 0, "selected": 0},
             settings=settings,
@@ -364,15 +366,21 @@ def run_spearpp(
     # match less: their zeros are those shared by every local step.)
     matched = not noise_std or float(solution.matching.min()) >= _EXACT_MATCHING
     exact = found >= b and matched
-    status: Status = "exact" if exact else ("partial" if found else "failed")
+    inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
+    if not exact:
+        with clock.stage("solve"):
+            isolated = isolated_samples(obs.grad_weight, obs.grad_bias, obs.precision, generator)
+            inputs, certified = with_isolated(inputs, isolated)
+    status: Status = "exact" if exact else ("partial" if found or certified.any() else "failed")
     clock.seconds["total"] = time.perf_counter() - started
     return Reconstruction(
-        inputs=solution.inputs.cpu(),
+        inputs=inputs.cpu(),
         batch_size=b,
         batch_size_method=fac.method,
         status=status,
         confidence=solution.matching.cpu(),
         verified=verified,
+        certified=certified.cpu(),
         timings=clock.seconds,
         counts={
             "starts": starts + sign_starts,
@@ -386,7 +394,7 @@ def run_spearpp(
         reason=""
         if exact
         else (
-            f"{min(found, b)} of {b} columns verified, lowest sparsity matching "
-            f"{float(solution.matching.min()):.3f}"
+            f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples "
+            f"certified, lowest sparsity matching {float(solution.matching.min()):.3f}"
         ),
     )

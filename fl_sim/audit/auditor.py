@@ -410,6 +410,11 @@ class Auditor:
             "batch_size_estimated": summary["batch_size"],
             "batch_size_method": summary["batch_size_method"],
             **{k: v for k, v in quality.summary().items() if k != "samples"},
+            # What the attack vouches for without ground truth: columns (each one sample's
+            # output gradient) and samples (inputs), beside what the judge found.
+            "columns_verified": summary["verified"],
+            "certified": summary["certified"],
+            "share_certified": summary["certified"] / max(len(ids), 1),
             "confidence_mean": summary["confidence_mean"],
             "timings": summary["timings"],
             "counts": summary["counts"],

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from attacks import SpearConfig, paper_config
 from clients import LocalTraining
+from fl_sim.bench.pretrain import Pretraining
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class AttackCase:
         One batch, network and search per seed.
     knows_batch_size, knows_noise
         What the client declared and the attacker may use.
+    pretrain
+        Training of the network before the client's round (none: at initialisation).
     paper
         The paper's figure for this row, for the side-by-side table ('' when none).
     """
@@ -39,6 +42,7 @@ class AttackCase:
     seeds: tuple[int, ...] = (0,)
     knows_batch_size: bool = False
     knows_noise: bool = True
+    pretrain: Pretraining = field(default_factory=Pretraining)
     paper: str = ""
 
 
@@ -151,6 +155,22 @@ BEYOND: tuple[AttackCase, ...] = tuple(
     )
 )
 
+# Trained networks (the audit's later rounds): the must-show rows of the trained-network issue.
+_TRAINED_SMALL = tuple(
+    _with(case, name=case.name + pre.label, pretrain=pre, seeds=tuple(range(20)))
+    for pre in (Pretraining(300), Pretraining(1000))
+    for case in (AttackCase("signs B=20 m=200", 20, 200), AttackCase("signs B=50 m=1000", 50, 1000))
+)
+TRAINED: tuple[AttackCase, ...] = (
+    *_TRAINED_SMALL,
+    _with(
+        PAPER[0],
+        name="signs B=100 m=4000" + Pretraining(300).label,
+        pretrain=Pretraining(300),
+        seeds=(0, 1, 2),
+    ),
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -163,4 +183,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "engine": ENGINE,
     "shallow": SHALLOW,
     "beyond": BEYOND,
+    "trained": TRAINED,
 }
