@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import warnings
 from pathlib import Path
 
@@ -159,13 +160,26 @@ def _bench_lavp(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fl_sim.config import ConfigError, load_scenario
-    from fl_sim.run import run_scenario
+    from fl_sim.run import EXIT_INTERRUPTED, RunStoppedError, last_round, run_scenario
 
     try:
         scenario, resolved = load_scenario(Path(args.config), args.set or ())
     except ConfigError as err:
         raise SystemExit(f"fl-sim run: {err}") from None
-    run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
+    try:
+        run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
+    except RunStoppedError as stopped:
+        _print_summary(stopped.run_dir)
+        print(
+            f"\nfl-sim run: {stopped} after round {last_round(stopped.run_dir)} of "
+            f"{scenario.rounds}; the summary and {stopped.run_dir / 'report.html'} show what "
+            "was recorded until then",
+            file=sys.stderr,
+        )
+        return stopped.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one while the report was being written
+        print("\nfl-sim run: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     _print_summary(run_dir)
     return 0
 
@@ -173,11 +187,16 @@ def _run(args: argparse.Namespace) -> int:
 def _print_summary(run_dir: Path) -> None:
     from fl_sim.report import summary_table
     from fl_sim.report.build import REPORT_FILE, forecast_tables, inversion_table, read_jsonl
+    from fl_sim.report.faults import left_out_table
 
     records = read_jsonl(run_dir / "audit.jsonl")
     if records:
         print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
         print(summary_table(records))
+    faults = left_out_table(read_jsonl(run_dir / "clients.jsonl"))
+    if faults:
+        print("\nLeft out of aggregation (the federation went on without them):")
+        print(faults)
     inversion = inversion_table(records)
     if inversion:
         print("\nOptimisation attack (gradient matching):")
