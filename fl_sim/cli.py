@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -363,8 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
 _QUIET_WARNINGS = ("`torch.jit.script` is deprecated", "Full backward hook is firing")
 
 
+def _exit_interrupted() -> int:
+    from fl_sim.run import EXIT_INTERRUPTED
+
+    return EXIT_INTERRUPTED
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fl-sim`` console script."""
+    """Entry point of the ``fl-sim`` console script (``argv`` None: the process's own
+    arguments, and the process is the command's)."""
     for message in _QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     args = build_parser().parse_args(argv)
@@ -374,7 +383,18 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
         force=True,
     )
-    return int(args.func(args))
+    code = int(args.func(args))
+    if argv is None and args.command == "run" and code == _exit_interrupted():
+        # Ctrl-C also stopped Ray's processes, and Ray's native threads then crashed the
+        # interpreter's own shutdown in one run of four here (exit 139, after every file was
+        # written): the command's process runs its exit handlers (Ray's stop its agents) and
+        # leaves, with the status it owes, without the rest of the shutdown.
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

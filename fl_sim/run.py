@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -117,6 +118,7 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
             stopped = RunStoppedError(run_dir, f"failed: {type(err).__name__}: {err}", 1)
             stopped.__cause__ = err
         if stopped is not None:
+            print(file=sys.stderr)  # ends the progress line, which ends with a carriage return
             _wait_for_server(interruption)
             log.warning("run %s %s after round %d", run_dir, stopped, last_round(run_dir))
         _write_outputs(run_dir, quiet=stopped is not None)

@@ -102,13 +102,17 @@ def _federate(
 
     strategy = FaultTolerant(strategy, left_out)
     try:
+        start = initial_arrays(scenario)
         result = strategy.start(
             grid=grid,
-            initial_arrays=initial_arrays(scenario),
+            initial_arrays=start,
             num_rounds=scenario.rounds,
             evaluate_fn=recorder.evaluate,
         )
-        torch.save(result.arrays.to_torch_state_dict(), run_dir / MODEL_FILE)
+        # Flower's result holds the last aggregate: none when every round failed, and the global
+        # model is then the initial one.
+        final = result.arrays if len(result.arrays) else start
+        torch.save(final.to_torch_state_dict(), run_dir / MODEL_FILE)
     finally:
         if auditor is not None:
             auditor.finish(interrupted=interruption is not None and interruption.requested)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 def _init_worker(threads: int) -> None:
     """Each worker: ``threads`` torch threads, and deaf to Ctrl-C, which reaches the whole
     process group: the server records the jobs in flight and terminates the workers itself,
-    rather than each printing its KeyboardInterrupt and leaving its job unanswered."""
+    rather than each printing its KeyboardInterrupt and leaving its job unanswered (one that
+    is still starting, importing torch, prints it all the same)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
 
