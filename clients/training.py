@@ -19,6 +19,16 @@ from torch import nn
 # parameters, 0.6 GB per sample) then takes 3 samples at a time instead of a whole batch of 150
 # (91 GB).
 PER_SAMPLE_BUDGET = 2 << 30
+# A federation's client whose training leaves its own batch's loss more than this many times
+# its first step's loss (counted from at least 1 nat: chance on 10 classes is 2.3) has diverged.
+# Its weights may still be finite, yet aggregated they blow up the global model and every client
+# diverges after it (lr=1e4 on the quickstart: 2.3 to about 1e25 in one DP step).
+DIVERGENCE_FACTOR = 1e3
+
+
+class DivergenceError(ArithmeticError):
+    """Local training left the model unusable: a non-finite loss or weight, or a loss that
+    blew up. The client reports it instead of sending the update."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class TrainResult:
         Optimiser steps taken.
     loss
         Mean training loss over the steps.
+    first_loss
+        The first step's loss (at the weights the client was sent).
     noise_std
         Per-entry std of the noise in each step's averaged gradient (0 without DP).
     sample_rate
@@ -91,6 +103,7 @@ class TrainResult:
     loss: float
     noise_std: float
     sample_rate: float = 1.0
+    first_loss: float = 0.0
 
 
 Trainer = Callable[
@@ -126,18 +139,19 @@ def _sgd(
     y: torch.Tensor,
     batches: list[torch.Tensor],
     physical: int | None = None,
-) -> float:
-    """One optimiser step per batch; the mean loss.
+) -> tuple[float, float]:
+    """One optimiser step per batch; the mean loss and the first batch's loss.
 
     With a ``DPOptimizer``, each batch's per-sample gradients are computed ``physical``
     samples at a time: Opacus clips and sums every chunk (skipped steps accumulate) and adds
     the noise once, at the batch's last chunk, so the step equals one on the whole batch.
     """
-    total = 0.0
+    losses = []
     for idx in batches:
         if len(idx) == 0:  # an empty Poisson draw: nothing of the data to release
             continue
         chunks = idx.split(physical) if isinstance(optimizer, DPOptimizer) and physical else [idx]
+        total = 0.0
         for i, chunk in enumerate(chunks):
             if isinstance(optimizer, DPOptimizer):
                 optimizer.signal_skip_step(do_skip=i < len(chunks) - 1)
@@ -146,7 +160,8 @@ def _sgd(
             loss.backward()
             optimizer.step()
             total += float(loss.detach()) * len(chunk) / len(idx)
-    return total / max(1, sum(len(idx) > 0 for idx in batches))
+        losses.append(total)
+    return sum(losses) / max(1, len(losses)), losses[0] if losses else 0.0
 
 
 def train_fedsgd(
@@ -154,8 +169,8 @@ def train_fedsgd(
 ) -> TrainResult:
     """One SGD step on the whole batch: the update is -lr times the batch gradient."""
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    loss = _sgd(model, opt, x, y, [torch.arange(len(x))])
-    return TrainResult(steps=1, loss=loss, noise_std=0.0)
+    loss, first = _sgd(model, opt, x, y, [torch.arange(len(x))])
+    return TrainResult(steps=1, loss=loss, noise_std=0.0, first_loss=first)
 
 
 def train_fedavg(
@@ -165,8 +180,10 @@ def train_fedavg(
     size = min(cfg.mini_batch or len(x), len(x))
     batches = _batches(len(x), size, cfg.epochs, gen)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    loss = _sgd(model, opt, x, y, batches)
-    return TrainResult(len(batches), loss, noise_std=0.0, sample_rate=size / len(x))
+    loss, first = _sgd(model, opt, x, y, batches)
+    return TrainResult(
+        len(batches), loss, noise_std=0.0, sample_rate=size / len(x), first_loss=first
+    )
 
 
 def train_dp(
@@ -186,25 +203,74 @@ def train_dp(
         expected_batch_size=size,
         generator=gen,
     )
-    loss = _sgd(private, opt, x, y, batches, physical)
+    loss, first = _sgd(private, opt, x, y, batches, physical)
     private._close()
     return TrainResult(
         steps=len(batches),
         loss=loss,
         noise_std=cfg.noise_multiplier * cfg.clip / size,
         sample_rate=size / len(x),
+        first_loss=first,
     )
 
 
 TRAINERS: dict[str, Trainer] = {"fedsgd": train_fedsgd, "fedavg": train_fedavg, "dp": train_dp}
 
 
+def divergence(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    result: TrainResult,
+    max_loss_growth: float | None = None,
+) -> str | None:
+    """Why training diverged, or ``None``: a non-finite training loss or non-finite weights;
+    with ``max_loss_growth``, also a loss on the batch at the trained weights (one forward
+    pass, no gradient) that is non-finite or above ``max_loss_growth`` times the first step's
+    loss, counted from at least 1 nat."""
+    if not math.isfinite(result.loss):
+        return f"training loss is {result.loss} (mean over {result.steps} steps)"
+    broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if broken:
+        return f"weights {broken} hold NaN or infinite values after training"
+    if max_loss_growth is None:
+        return None
+    with torch.no_grad():
+        final = float(nn.functional.cross_entropy(model(x), y))
+    limit = max_loss_growth * max(result.first_loss, 1.0)
+    if not final <= limit:  # also NaN
+        return (
+            f"loss on its batch went from {result.first_loss:.3g} to {final:.3g} in "
+            f"{result.steps} step{'s' if result.steps != 1 else ''} (limit {limit:.3g})"
+        )
+    return None
+
+
 def train_locally(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: LocalTraining,
+    gen: torch.Generator,
+    max_loss_growth: float | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on (x, y) with the procedure of ``cfg.defence``."""
+    """Train ``model`` in place on (x, y) with the procedure of ``cfg.defence``.
+
+    ``max_loss_growth`` (e.g. :data:`DIVERGENCE_FACTOR`, as a federation's clients use it)
+    also counts a loss that blew up as divergence; without it, only non-finite values do (an
+    update may be worth studying however bad it is for the model).
+
+    Raises
+    ------
+    ValueError
+        Without samples.
+    DivergenceError
+        When training diverged (:func:`divergence` says why): the model is then unusable.
+    """
     if len(x) == 0:
         raise ValueError("a client needs at least one sample to train on")
     result = TRAINERS[cfg.defence](model, x, y, cfg, gen)
-    assert math.isfinite(result.loss)
+    problem = divergence(model, x, y, result, max_loss_growth)
+    if problem is not None:
+        raise DivergenceError(f"{cfg.defence} training at lr={cfg.lr:g} diverged: {problem}")
     return result

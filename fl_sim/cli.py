@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -168,13 +171,26 @@ def _bench_lavp(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fl_sim.config import ConfigError, load_scenario
-    from fl_sim.run import run_scenario
+    from fl_sim.run import EXIT_INTERRUPTED, RunStoppedError, last_round, run_scenario
 
     try:
         scenario, resolved = load_scenario(Path(args.config), args.set or ())
     except ConfigError as err:
         raise SystemExit(f"fl-sim run: {err}") from None
-    run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
+    try:
+        run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
+    except RunStoppedError as stopped:
+        _print_summary(stopped.run_dir)
+        print(
+            f"\nfl-sim run: {stopped} after round {last_round(stopped.run_dir)} of "
+            f"{scenario.rounds}; the summary and {stopped.run_dir / 'report.html'} show what "
+            "was recorded until then",
+            file=sys.stderr,
+        )
+        return stopped.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C, or one while the report was being written
+        print("\nfl-sim run: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     _print_summary(run_dir)
     return 0
 
@@ -182,11 +198,16 @@ def _run(args: argparse.Namespace) -> int:
 def _print_summary(run_dir: Path) -> None:
     from fl_sim.report import summary_table
     from fl_sim.report.build import REPORT_FILE, forecast_tables, inversion_table, read_jsonl
+    from fl_sim.report.faults import left_out_table
 
     records = read_jsonl(run_dir / "audit.jsonl")
     if records:
         print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
         print(summary_table(records))
+    faults = left_out_table(read_jsonl(run_dir / "clients.jsonl"))
+    if faults:
+        print("\nLeft out of aggregation (the federation went on without them):")
+        print(faults)
     inversion = inversion_table(records)
     if inversion:
         print("\nOptimisation attack (gradient matching):")
@@ -361,8 +382,15 @@ def build_parser() -> argparse.ArgumentParser:
 _QUIET_WARNINGS = ("`torch.jit.script` is deprecated", "Full backward hook is firing")
 
 
+def _exit_interrupted() -> int:
+    from fl_sim.run import EXIT_INTERRUPTED
+
+    return EXIT_INTERRUPTED
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fl-sim`` console script."""
+    """Entry point of the ``fl-sim`` console script (``argv`` None: the process's own
+    arguments, and the process is the command's)."""
     for message in _QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     args = build_parser().parse_args(argv)
@@ -372,7 +400,18 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
         force=True,
     )
-    return int(args.func(args))
+    code = int(args.func(args))
+    if argv is None and args.command == "run" and code == _exit_interrupted():
+        # Ctrl-C also stopped Ray's processes, and Ray's native threads then crashed the
+        # interpreter's own shutdown in one run of four here (exit 139, after every file was
+        # written): the command's process runs its exit handlers (Ray's stop its agents) and
+        # leaves, with the status it owes, without the rest of the shutdown.
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,16 +1,24 @@
-"""Running a scenario in Flower's simulation engine, into a fresh run directory."""
+"""Running a scenario in Flower's simulation engine, into a fresh run directory.
+
+However the run ends (every round done, Ctrl-C, an error) the directory gets its plots and
+``report.html`` from what was recorded; a run that did not finish raises :class:`RunStoppedError`
+afterwards, naming its directory.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fl_sim.apps.client import make_client_app
+from fl_sim.apps.interruption import Interruption
+from fl_sim.apps.recorder import ROUNDS_FILE
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
@@ -18,6 +26,38 @@ from fl_sim.report import build_report
 from fl_sim.report.plots import plot_accuracy
 
 log = logging.getLogger(__name__)
+
+# After Ctrl-C, how long the server thread gets to file what is pending and stop.
+STOP_GRACE_S = 60.0
+# The shell's exit status for a command ended by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
+class RunStoppedError(Exception):
+    """A run that ended before its last round; its directory holds what was recorded, with
+    the report built from it.
+
+    Attributes
+    ----------
+    run_dir
+        The run directory.
+    exit_code
+        The exit status ``fl-sim run`` ends with: 130 after Ctrl-C, 1 after an error.
+    """
+
+    def __init__(self, run_dir: Path, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        self.exit_code = exit_code
+
+
+def last_round(run_dir: Path) -> int:
+    """The last round whose global model was tested (0: none trained)."""
+    path = run_dir / ROUNDS_FILE
+    if not path.is_file():
+        return 0
+    rounds = [json.loads(line)["round"] for line in path.read_text().splitlines() if line.strip()]
+    return max(rounds, default=0)
 
 
 def new_run_dir(out: Path | None, name: str, root: Path = Path("runs")) -> Path:
@@ -51,9 +91,14 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     The directory holds ``scenario.json`` (the resolved config), ``data.json`` (which dataset
     was actually used and its normalisation), ``rounds.jsonl``, ``clients.jsonl``,
     ``audit.jsonl``, ``grids/``, ``plots/``, ``run.log``, ``accuracy.png`` and ``report.html``.
-    """
-    from flwr.simulation import run_simulation
 
+    Raises
+    ------
+    RunStoppedError
+        After Ctrl-C (the server stops at its next wait for replies; attacks in flight are
+        recorded as interrupted) or an error, once the report was built from what was
+        recorded.
+    """
     run_dir = new_run_dir(out, scenario.name)
     (run_dir / "scenario.json").write_text(
         json.dumps({"resolved": resolved, "typed": asdict(scenario)}, indent=2)
@@ -61,42 +106,86 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     handler = logging.FileHandler(run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
+    interruption = Interruption()
+    stopped: RunStoppedError | None = None
     try:
-        data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-        (run_dir / "data.json").write_text(
-            json.dumps(
-                {
-                    "source": data.source,
-                    "pool_size": len(data.labels),
-                    "test_size": len(data.test),
-                    "normalization": asdict(data.normalization),
-                },
-                indent=2,
-            )
-        )
-        log.info(
-            "run %s: %d clients, %d rounds, data %s, Ray %s",
-            run_dir,
-            len(scenario.clients),
-            scenario.rounds,
-            data.source,
-            scenario.cluster.ray_address(),
-        )
-        run_simulation(
-            server_app=make_server_app(scenario, run_dir),
-            client_app=make_client_app(scenario),
-            num_supernodes=len(scenario.clients),
-            backend_config={
-                "client_resources": {
-                    "num_cpus": scenario.client_cpus,
-                    "num_gpus": scenario.client_gpus,
-                },
-                "init_args": {**_quiet_ray(), "address": scenario.cluster.ray_address()},
-            },
-        )
-        plot_accuracy(run_dir)
-        build_report(run_dir)
+        try:
+            _simulate(scenario, run_dir, interruption)
+        except KeyboardInterrupt:
+            stopped = RunStoppedError(run_dir, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+        except Exception as err:
+            log.exception("the run failed")
+            stopped = RunStoppedError(run_dir, f"failed: {type(err).__name__}: {err}", 1)
+            stopped.__cause__ = err
+        if stopped is not None:
+            print(file=sys.stderr)  # ends the progress line, which ends with a carriage return
+            _wait_for_server(interruption)
+            log.warning("run %s %s after round %d", run_dir, stopped, last_round(run_dir))
+        _write_outputs(run_dir, quiet=stopped is not None)
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+    if stopped is not None:
+        raise stopped
     return run_dir
+
+
+def _wait_for_server(interruption: Interruption) -> None:
+    """Stop the server thread and give it :data:`STOP_GRACE_S` to file what is pending (a
+    second Ctrl-C stops waiting)."""
+    interruption.request()
+    try:
+        if not interruption.wait_done(STOP_GRACE_S):
+            log.warning("the server did not stop within %.0f s", STOP_GRACE_S)
+    except KeyboardInterrupt:
+        log.warning("not waiting for the server to stop")
+
+
+def _write_outputs(run_dir: Path, quiet: bool) -> None:
+    """Plots and report from what was recorded; ``quiet``: after a stopped run, whose records
+    may be incomplete, a failure to build them is logged, not raised over the run's own."""
+    try:
+        plot_accuracy(run_dir)
+        build_report(run_dir)
+    except Exception:
+        if not quiet:
+            raise
+        log.exception("the report of the stopped run could not be built")
+
+
+def _simulate(scenario: Scenario, run_dir: Path, interruption: Interruption) -> None:
+    """The federation itself, in Flower's simulation engine."""
+    from flwr.simulation import run_simulation
+
+    data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+    (run_dir / "data.json").write_text(
+        json.dumps(
+            {
+                "source": data.source,
+                "pool_size": len(data.labels),
+                "test_size": len(data.test),
+                "normalization": asdict(data.normalization),
+            },
+            indent=2,
+        )
+    )
+    log.info(
+        "run %s: %d clients, %d rounds, data %s, Ray %s",
+        run_dir,
+        len(scenario.clients),
+        scenario.rounds,
+        data.source,
+        scenario.cluster.ray_address(),
+    )
+    run_simulation(
+        server_app=make_server_app(scenario, run_dir, interruption),
+        client_app=make_client_app(scenario),
+        num_supernodes=len(scenario.clients),
+        backend_config={
+            "client_resources": {
+                "num_cpus": scenario.client_cpus,
+                "num_gpus": scenario.client_gpus,
+            },
+            "init_args": {**_quiet_ray(), "address": scenario.cluster.ray_address()},
+        },
+    )

@@ -1,7 +1,20 @@
-"""The honest-but-curious server's side: the wrapper strategy and what it derives from replies."""
+"""The honest-but-curious server's side: the wrapper strategies and what they derive from
+replies."""
 
+from strategies.fault_tolerant import FaultSink, FaultTolerant
 from strategies.gradients import update_as_gradient
 from strategies.honest_curious import HonestButCurious, UpdateSink
 from strategies.interception import InterceptedUpdate, intercept
+from strategies.screening import LeftOut, screen
 
-__all__ = ["HonestButCurious", "InterceptedUpdate", "UpdateSink", "intercept", "update_as_gradient"]
+__all__ = [
+    "FaultSink",
+    "FaultTolerant",
+    "HonestButCurious",
+    "InterceptedUpdate",
+    "LeftOut",
+    "UpdateSink",
+    "intercept",
+    "screen",
+    "update_as_gradient",
+]

@@ -45,9 +45,10 @@ class HonestButCurious(Strategy):
 
     Notes
     -----
-    A reply that cannot be read (no arrays, wrong shapes, NaN) is reported to the sink and
-    left out of aggregation, where it would otherwise stop the run or poison the model; all
-    other replies reach the wrapped strategy untouched.
+    A reply that cannot be read (Flower's error reply, a failure the client declared, no
+    arrays, wrong shapes, NaN) is reported to the sink and left out of aggregation, where it
+    would otherwise stop the run or poison the model; all other replies reach the wrapped
+    strategy untouched, and a round with none of them keeps the global model as it was.
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class HonestButCurious(Strategy):
                 self._sent[server_round],
                 sent_all=self._sent_all.get(server_round) if whole else None,
             )
-            if update.problem is None or msg.has_error():
+            if update.problem is None:
                 keep.append(msg)
             else:
                 log.warning(
@@ -106,6 +107,8 @@ class HonestButCurious(Strategy):
                     self.sink(update)
                 except Exception:  # the federation goes on whatever the attack side does
                     log.exception("the update sink failed on round %d", server_round)
+        if not keep:  # every client failed: the global model stays, the run goes on
+            return None, None
         return self.strategy.aggregate_train(server_round, keep)
 
     def configure_evaluate(

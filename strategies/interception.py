@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, Message
+
+from strategies.reply import ARRAYS, AUDIT, CLIENT, REJECTED
+from strategies.screening import declared_failure, record_of
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,11 @@ class InterceptedUpdate:
         Simulation-only references to ground truth (the ``audit`` record: sample ids). Only the
         judge reads it; it is never handed to an attack.
     problem
-        Why the reply cannot be attacked (missing arrays, wrong shapes, NaN...), else ``None``.
+        Why the reply cannot be attacked (missing arrays, wrong shapes, NaN, the client's own
+        failure...), else ``None``.
+    failure
+        The audit status of a reply with a problem: ``rejected`` (unreadable), or the failure
+        the client declared (``diverged``, ``client-error``).
     sent_arrays, arrays
         Every array as sent and as returned, when the update is kept whole (else ``None``).
     """
@@ -45,16 +52,42 @@ class InterceptedUpdate:
     problem: str | None = None
     sent_arrays: Mapping[str, np.ndarray] | None = None
     arrays: Mapping[str, np.ndarray] | None = None
+    failure: str = REJECTED
+
+    def received_layer(self) -> tuple[np.ndarray, np.ndarray]:
+        """The attacked layer as the client returned it: (weight, bias).
+
+        Raises
+        ------
+        ValueError
+            For an update with a problem, of which nothing was kept.
+        """
+        if self.weight is None or self.bias is None:
+            raise ValueError(
+                f"round {self.server_round}, node {self.node_id}: the update has no layer "
+                f"to use ({self.problem or 'none was kept'})"
+            )
+        return self.weight, self.bias
+
+    def whole(self) -> tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]:
+        """Every array as sent and as returned.
+
+        Raises
+        ------
+        ValueError
+            When the update was not kept whole.
+        """
+        if self.sent_arrays is None or self.arrays is None:
+            raise ValueError(
+                f"round {self.server_round}, node {self.node_id}: the update was not kept whole"
+            )
+        return self.sent_arrays, self.arrays
 
 
 def declared(msg: Message) -> dict[str, Any]:
-    """What the client declared of itself: its ``client`` ConfigRecord."""
-    return _record(msg, "client")
-
-
-def _record(msg: Message, key: str) -> dict[str, Any]:
-    rec = msg.content.get(key)
-    return dict(rec) if isinstance(rec, ConfigRecord) else {}
+    """What the client declared of itself: its ``client`` ConfigRecord (empty for an error
+    reply, which has no content)."""
+    return record_of(msg, CLIENT)
 
 
 def intercept(
@@ -62,7 +95,7 @@ def intercept(
     server_round: int,
     layer: tuple[str, str],
     sent: tuple[np.ndarray, np.ndarray],
-    arrays_key: str = "arrays",
+    arrays_key: str = ARRAYS,
     sent_all: Mapping[str, np.ndarray] | None = None,
 ) -> InterceptedUpdate:
     """Reduce a reply to the attacked layer, naming what is wrong with it if anything is.
@@ -76,12 +109,12 @@ def intercept(
         "declared": declared(msg),
         "sent_weight": sent[0],
         "sent_bias": sent[1],
-        "audit": _record(msg, "audit"),
+        "audit": record_of(msg, AUDIT),
     }
-    if msg.has_error():
-        return InterceptedUpdate(
-            **base, weight=None, bias=None, problem=f"client error: {msg.error.reason}"
-        )
+    failure = declared_failure(msg)
+    if failure is not None:  # Flower's error reply, or a failure the client declared
+        status, reason = failure
+        return InterceptedUpdate(**base, weight=None, bias=None, problem=reason, failure=status)
     arrays = msg.content.get(arrays_key)
     if not isinstance(arrays, ArrayRecord):
         return InterceptedUpdate(

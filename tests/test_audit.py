@@ -19,7 +19,7 @@ from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.report import build_report
 from fl_sim.run import run_scenario
-from strategies import InterceptedUpdate
+from strategies import InterceptedUpdate, LeftOut
 
 REQUIRED = {"round", "client", "defence", "status", "batch_size", "epsilon", *METRIC_KEYS}
 
@@ -167,3 +167,25 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
     assert all(r["psnr_mean"] == by_key[(r["round"], r["client"])] for r in resumed)
     assert reaudit(run_dir, redo=True) == 4
     assert len(_records(run_dir)) == 4 and len(list(run_dir.glob("audit-*.jsonl"))) == 1
+
+
+def test_left_out_replies_and_interrupted_attacks_are_recorded(tmp_path: Path) -> None:
+    spec = AuditSpec(wait_s=600, starts=5000, steps=5000, max_passes=8)
+    auditor = Auditor(spec, _data(), tmp_path, 0)
+    declared = {"partition-id": 3, "defence": "dp", "epsilon": 1.5, "status": "diverged"}
+    auditor.left_out(
+        LeftOut(2, 103, 3, "diverged", "training loss is nan", declared, {"sample-ids": [4, 5]})
+    )
+    auditor.left_out(LeftOut(2, 108, None, "client-error", "the ClientApp raised"))
+    auditor(_update(2, 0, m=400))  # an attack that cannot be done before the interruption
+    started = time.monotonic()
+    auditor.finish(interrupted=True)  # no waiting for it
+    assert time.monotonic() - started < 20
+    records = {(r["round"], r["client"]): r for r in _records(tmp_path)}
+    diverged = records[(2, 3)]
+    assert (diverged["status"], diverged["reason"]) == ("diverged", "training loss is nan")
+    assert diverged["attack"] is None and diverged["batch_size"] == 2
+    assert (diverged["defence"], diverged["epsilon"]) == ("dp", 1.5)
+    assert records[(2, 108)]["status"] == "client-error"  # no client known: its node id
+    assert records[(2, 0)]["status"] == "interrupted"
+    assert all(set(r) >= REQUIRED for r in records.values())

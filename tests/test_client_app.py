@@ -10,10 +10,24 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from opacus.accountants import RDPAccountant
 
 from clients import PrivacyLedger
-from fl_sim.apps.client import local_round
+from fl_sim.apps.client import client_reply, local_round
 from fl_sim.apps.server import initial_arrays
 from fl_sim.config import parse_scenario
 from fl_sim.data.federated import federated_data
+from strategies.reply import (
+    ARRAYS,
+    AUDIT,
+    CLIENT,
+    CLIENT_ERROR,
+    DIVERGED,
+    METRICS,
+    NUM_EXAMPLES,
+    PARTITION_ID,
+    REASON,
+    SAMPLE_IDS,
+    SERVER_ROUND,
+    STATUS,
+)
 
 SCENARIO = parse_scenario(
     {
@@ -41,6 +55,7 @@ def test_reply_carries_update_metrics_declaration_and_audit_ids() -> None:
     declared = reply["client"]
     assert isinstance(declared, ConfigRecord)
     assert declared["defence"] == "fedavg" and declared["steps"] == 2 * math.ceil(12 / 4)
+    assert declared[STATUS] == "ok"
     assert reply["metrics"]["num-examples"] == 12  # type: ignore[index]
     ids = reply["audit"]["sample-ids"]  # type: ignore[index]
     data = federated_data(SCENARIO.data, 3, SCENARIO.seed)
@@ -71,3 +86,42 @@ def test_ledger_round_trip() -> None:
     again = PrivacyLedger.from_lists(**ledger.as_lists())  # type: ignore[arg-type]
     assert again == ledger and again.epsilon(1e-5) == ledger.epsilon(1e-5)
     assert PrivacyLedger().spend(0.0, 1.0, 1).epsilon(1e-5) == math.inf
+
+
+def test_a_diverging_client_replies_failed_and_spends_no_privacy() -> None:
+    scenario = parse_scenario(
+        {
+            "data": {"source": "photos", "samples_per_client": 30, "test_size": 40},
+            "model": {"width": 32, "depth": 3},
+            "clients": {"count": 1, "batch_size": 12, "defence": "dp", "lr": 1e4},
+        }
+    )
+    state = RecordDict()
+    message = RecordDict(
+        {"arrays": initial_arrays(scenario), "config": ConfigRecord({SERVER_ROUND: 4})}
+    )
+    reply = client_reply(scenario, message, 0, state)
+    assert ARRAYS not in reply and reply[METRICS][NUM_EXAMPLES] == 0  # type: ignore[index]
+    declared = reply[CLIENT]
+    assert isinstance(declared, ConfigRecord)
+    assert declared[STATUS] == DIVERGED and "loss on its batch went from" in str(declared[REASON])
+    assert declared[SERVER_ROUND] == 4 and declared[PARTITION_ID] == 0 and "epsilon" not in declared
+    assert len(reply[AUDIT][SAMPLE_IDS]) == 12  # type: ignore[index, arg-type]
+    assert "privacy-ledger" not in state  # no update released: nothing spent
+
+
+def test_a_client_whose_round_raises_replies_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr("fl_sim.apps.client.train_locally", broken)
+    reply = client_reply(SCENARIO, _message(2), 1, RecordDict())
+    declared = reply[CLIENT]
+    assert isinstance(declared, ConfigRecord) and ARRAYS not in reply
+    assert (declared[STATUS], declared[REASON]) == (CLIENT_ERROR, "RuntimeError: out of memory")
+    assert (declared[SERVER_ROUND], declared[PARTITION_ID]) == (2, 1)
+    no_arrays = client_reply(SCENARIO, RecordDict({"config": ConfigRecord()}), 0, RecordDict())
+    declared = no_arrays[CLIENT]
+    assert isinstance(declared, ConfigRecord) and declared[STATUS] == CLIENT_ERROR
+    assert "no integer config['server-round']" in str(declared[REASON])
+    assert SERVER_ROUND not in declared

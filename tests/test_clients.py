@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from clients import LocalTraining, train_locally, training
+from clients import DivergenceError, LocalTraining, train_locally, training
 from fl_sim.model import fc_relu_net, first_linear
 from strategies import update_as_gradient
 
@@ -130,3 +130,30 @@ def test_poisson_sampling_draws_random_batch_sizes() -> None:
     cfg = LocalTraining("dp", lr=0.1, mini_batch=5, noise_multiplier=1.0, poisson=True)
     res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(1))
     assert res.steps == 2 and res.sample_rate == 0.5
+
+
+def test_non_finite_loss_is_divergence() -> None:
+    net, x, y = _setup(4)
+    x[0, 0] = math.nan
+    with pytest.raises(DivergenceError, match="training loss is nan"):
+        train_locally(net, x, y, LocalTraining("fedsgd"), torch.Generator())
+
+
+def test_non_finite_weights_are_divergence() -> None:
+    net, x, y = _setup(5)  # the step's loss is finite, the weights it leaves are not
+    with pytest.raises(DivergenceError, match=r"weights \[.*\] hold NaN or infinite"):
+        train_locally(net, x, y, LocalTraining("fedsgd", lr=math.inf), torch.Generator())
+
+
+def test_a_blown_up_loss_is_divergence_when_asked() -> None:
+    cfg = LocalTraining("dp", lr=1e4, clip=2.0, noise_multiplier=1.0)
+    net, x, y = _setup(6)
+    res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))  # finite: no limit
+    assert math.isfinite(res.loss) and res.first_loss == res.loss  # one step
+    net, x, y = _setup(6)
+    with pytest.raises(DivergenceError, match=r"loss on its batch went from 2\.\d+ to \S+e\+11"):
+        train_locally(net, x, y, cfg, torch.Generator().manual_seed(0), training.DIVERGENCE_FACTOR)
+    net, x, y = _setup(6)  # ordinary training stays well within the limit
+    train_locally(
+        net, x, y, LocalTraining("fedsgd", lr=0.1), torch.Generator(), training.DIVERGENCE_FACTOR
+    )

@@ -14,6 +14,7 @@ import pytest
 
 from fl_sim.audit.grid import save_grid
 from fl_sim.report import build_report, summary_table
+from fl_sim.report.faults import left_out_table
 from fl_sim.report.plots import plot_accuracy
 
 
@@ -126,3 +127,23 @@ def test_report_opens_offline_with_every_image(tmp_path: Path) -> None:
     total, loaded = (int(x) for x in title.group(1).split(":"))
     assert total == expected >= 4 + 4  # plots (3 + accuracy) and one grid per scored record
     assert loaded == total
+
+
+def test_clients_left_out_are_listed_in_the_report(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run")
+    rows = [
+        {"round": r, "client": 3, "status": "diverged", "reason": f"nan {r}"} for r in (1, 2, 5)
+    ]
+    rows += [
+        {"round": 1, "client": 0, "status": "ok"},
+        {"round": 3, "client": None, "node_id": 77, "status": "client-error", "reason": "boom"},
+    ]
+    (run / "clients.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "scenario.json").write_text(json.dumps({"typed": {"rounds": 10}}))
+    table = left_out_table(rows).splitlines()
+    assert table[2].split() == ["3", "diverged", "1-2,", "5", "(3)", "nan", "5"]
+    assert table[3].split() == ["node", "77", "client-error", "3", "(1)", "boom"]
+    assert len(table) == 4 and left_out_table(rows[3:4]) == ""
+    report = build_report(run).read_text()
+    assert "Clients left out of aggregation" in report and "1-2, 5 (3)" in report
+    assert "Rounds: 2 of 10 (the run stopped early)" in report

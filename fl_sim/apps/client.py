@@ -1,12 +1,22 @@
 """The ClientApp: each simulated client trains with its own defence and replies with its update.
 
 A reply holds the updated weights (``arrays``), ``num-examples`` and the training loss
-(``metrics``, averaged by FedAvg), the client's declared settings and epsilon (``client``, a
-ConfigRecord, never averaged), and, in simulation only, which samples it trained on (``audit``):
-ground truth for the judge, never read by the attack.
+(``metrics``, averaged by FedAvg), the client's declared settings, status and epsilon
+(``client``, a ConfigRecord, never averaged), and, in simulation only, which samples it trained
+on (``audit``): ground truth for the judge, never read by the attack (keys:
+:mod:`strategies.reply`).
+
+A client whose training diverges, or whose round fails in any other way, says so in a
+well-formed failed reply (status ``diverged`` or ``client-error`` and the reason, no arrays,
+``num-examples`` 0) rather than letting the error reach Flower, whose error reply carries no
+content: the server can then record which client failed, and why.
 """
 
 from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,9 +31,29 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from clients import PrivacyLedger, train_locally
+from clients import DivergenceError, PrivacyLedger, train_locally
+from clients.training import DIVERGENCE_FACTOR
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
+from strategies.reply import (
+    ARRAYS,
+    AUDIT,
+    CLIENT,
+    CLIENT_ERROR,
+    CONFIG,
+    DIVERGED,
+    METRICS,
+    NUM_EXAMPLES,
+    OK,
+    PARTITION_ID,
+    REASON,
+    SAMPLE_IDS,
+    SERVER_ROUND,
+    STATUS,
+    TRAIN_LOSS,
+)
+
+log = logging.getLogger(__name__)
 
 _LEDGER_KEY = "privacy-ledger"
 
@@ -31,6 +61,32 @@ _LEDGER_KEY = "privacy-ledger"
 def round_seed(scenario: Scenario, client: int, server_round: int) -> int:
     """Seed of one client's round: its batch draw and any randomness of its training."""
     return (scenario.seed * 1_000_003 + client * 10_007 + server_round) % 2**63
+
+
+def _server_round(content: RecordDict) -> int:
+    config = content.get(CONFIG)
+    value = config.get(SERVER_ROUND) if isinstance(config, ConfigRecord) else None
+    if not isinstance(value, int):
+        raise ValueError(f"the server's message has no integer {CONFIG}[{SERVER_ROUND!r}]")
+    return value
+
+
+def failed_reply(
+    declared: Mapping[str, ConfigRecordValues],
+    status: str,
+    reason: str,
+    sample_ids: Sequence[int] = (),
+) -> RecordDict:
+    """The reply of a client whose round failed: what it declared, ``status`` and ``reason``,
+    the samples it drew (if it got that far), no arrays and ``num-examples`` 0, so that
+    nothing of it can be aggregated."""
+    return RecordDict(
+        {
+            METRICS: MetricRecord({NUM_EXAMPLES: 0}),
+            CLIENT: ConfigRecord({**declared, STATUS: status, REASON: reason}),
+            AUDIT: ConfigRecord({SAMPLE_IDS: [int(i) for i in sample_ids]}),
+        }
+    )
 
 
 def local_round(
@@ -48,9 +104,23 @@ def local_round(
         The client's partition id.
     state
         The client's persistent state (keeps the DP ledger across rounds).
+
+    Returns
+    -------
+    RecordDict
+        The update, or, when training diverged, a failed reply with status ``diverged`` (a
+        diverged round releases no update, so it spends no privacy budget).
+
+    Raises
+    ------
+    ValueError
+        When the server's message lacks the global weights or the round number.
     """
     spec = scenario.clients[client]
-    server_round = int(content["config"]["server-round"])  # type: ignore[arg-type]
+    server_round = _server_round(content)
+    arrays = content.get(ARRAYS)
+    if not isinstance(arrays, ArrayRecord):
+        raise ValueError(f"the server's message has no ArrayRecord {ARRAYS!r}")
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
     seed = round_seed(scenario, client, server_round)
     local = data.partitions[client]
@@ -58,27 +128,35 @@ def local_round(
     x, y = data.tensors(picked)
     x = x.to(getattr(torch, scenario.model.dtype))
     model = scenario.model.build()
-    arrays = content["arrays"]
-    assert isinstance(arrays, ArrayRecord)
     model.load_state_dict(arrays.to_torch_state_dict())
     training = spec.training
-    result = train_locally(model, x, y, training, torch.Generator().manual_seed(seed))
     declared: dict[str, ConfigRecordValues] = {
-        "server-round": server_round,
-        "partition-id": client,
+        SERVER_ROUND: server_round,
+        PARTITION_ID: client,
         "defence": training.defence,
         "lr": training.lr,
         "epochs": training.epochs,
         "mini-batch": training.mini_batch or spec.batch_size,
         "batch-size": spec.batch_size,
-        "steps": result.steps,
-        "train-loss": result.loss,
     }
+    try:
+        result = train_locally(
+            model,
+            x,
+            y,
+            training,
+            torch.Generator().manual_seed(seed),
+            max_loss_growth=DIVERGENCE_FACTOR,
+        )
+    except DivergenceError as err:
+        return failed_reply(declared, DIVERGED, str(err), picked.tolist())
+    declared |= {STATUS: OK, "steps": result.steps, TRAIN_LOSS: result.loss}
     if training.defence == "dp":
         ledger = PrivacyLedger()
         if _LEDGER_KEY in state:
             kept = state[_LEDGER_KEY]
-            assert isinstance(kept, ConfigRecord)
+            if not isinstance(kept, ConfigRecord):
+                raise ValueError(f"the client's state {_LEDGER_KEY!r} is not a ConfigRecord")
             ledger = PrivacyLedger.from_lists(kept["noise"], kept["rate"], kept["steps"])  # type: ignore[arg-type]
         ledger = ledger.spend(training.noise_multiplier, result.sample_rate, result.steps)
         state[_LEDGER_KEY] = ConfigRecord(ledger.as_lists())  # type: ignore[arg-type]
@@ -92,12 +170,27 @@ def local_round(
         }
     return RecordDict(
         {
-            "arrays": ArrayRecord(model.state_dict()),
-            "metrics": MetricRecord({"num-examples": spec.batch_size, "train-loss": result.loss}),
-            "client": ConfigRecord(declared),
-            "audit": ConfigRecord({"sample-ids": [int(i) for i in picked]}),
+            ARRAYS: ArrayRecord(model.state_dict()),
+            METRICS: MetricRecord({NUM_EXAMPLES: spec.batch_size, TRAIN_LOSS: result.loss}),
+            CLIENT: ConfigRecord(declared),
+            AUDIT: ConfigRecord({SAMPLE_IDS: [int(i) for i in picked]}),
         }
     )
+
+
+def client_reply(
+    scenario: Scenario, content: RecordDict, client: int, state: RecordDict
+) -> RecordDict:
+    """:func:`local_round`, or, when it raises, a failed reply with status ``client-error``
+    naming the error (its traceback goes to the client's log)."""
+    try:
+        return local_round(scenario, content, client, state)
+    except Exception as err:  # the client's own failure: reported, never fatal to the run
+        log.exception("client %d: its round failed", client)
+        declared: dict[str, ConfigRecordValues] = {PARTITION_ID: client}
+        with contextlib.suppress(ValueError):  # the server's message itself may be at fault
+            declared[SERVER_ROUND] = _server_round(content)
+        return failed_reply(declared, CLIENT_ERROR, f"{type(err).__name__}: {err}")
 
 
 def make_client_app(scenario: Scenario) -> ClientApp:
@@ -107,6 +200,6 @@ def make_client_app(scenario: Scenario) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         client = int(context.node_config["partition-id"])
-        return Message(local_round(scenario, msg.content, client, context.state), reply_to=msg)
+        return Message(client_reply(scenario, msg.content, client, context.state), reply_to=msg)
 
     return app

@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fl_sim.apps.client import local_round
+from fl_sim.apps.client import client_reply
 from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario
 from fl_sim.run import new_run_dir
@@ -61,7 +61,7 @@ def train(msg: Message, context: Context) -> Message:
     """One client's round, its scenario read from the run config."""
     scenario = _scenario(context)
     client_id = partition_id(context, scenario)
-    return Message(local_round(scenario, msg.content, client_id, context.state), reply_to=msg)
+    return Message(client_reply(scenario, msg.content, client_id, context.state), reply_to=msg)
 
 
 @server.main()

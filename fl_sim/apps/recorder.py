@@ -1,11 +1,13 @@
-"""What the server records as a run goes: global test metrics and per-client training rows,
-appended line by line so an interrupted run keeps every finished round."""
+"""What the server records as a run goes: global test metrics and per-client training rows
+(also for clients left out of aggregation, with their status and reason), appended line by
+line so an interrupted run keeps every finished round."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -16,6 +18,8 @@ from torch import nn
 
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
+from strategies import LeftOut
+from strategies.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND
 
 ROUNDS_FILE = "rounds.jsonl"
 CLIENTS_FILE = "clients.jsonl"
@@ -48,6 +52,7 @@ class RunRecorder:
         self.data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
         x, self._y = self.data.tensors(self.data.test)
         self._x = x.to(getattr(torch, scenario.model.dtype))
+        self._left_out: Counter[int] = Counter()  # replies left out, per round
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Test loss and accuracy of the global model (round 0: before training)."""
@@ -70,15 +75,29 @@ class RunRecorder:
     def client_metrics(self, contents: list[RecordDict], weighted_by_key: str) -> MetricRecord:
         """Record each client's declared settings, loss and epsilon; aggregate as FedAvg does."""
         for content in contents:
-            declared = content.get("client")
+            declared = content.get(CLIENT)
             if isinstance(declared, ConfigRecord):
                 row = {
-                    "round": declared.get("server-round"),
-                    "client": declared.get("partition-id"),
+                    "round": declared.get(SERVER_ROUND),
+                    "client": declared.get(PARTITION_ID),
+                    "status": OK,
                 }
                 row |= {k.replace("-", "_"): v for k, v in declared.items()}
                 append_jsonl(self.run_dir / CLIENTS_FILE, row)
         return aggregate_metricrecords(contents, weighted_by_key)
+
+    def left_out(self, fault: LeftOut) -> None:
+        """Record a client left out of aggregation: what it declared, the status and the
+        reason (the server's, where it rejected what the client called ``ok``)."""
+        row: dict[str, Any] = {
+            "round": fault.server_round,
+            "client": fault.client,
+            "node_id": fault.node_id,
+        }
+        row |= {k.replace("-", "_"): v for k, v in fault.declared.items()}
+        row |= {"status": fault.status, "reason": fault.reason}
+        append_jsonl(self.run_dir / CLIENTS_FILE, row)
+        self._left_out[fault.server_round] += 1
 
     def _show(self, row: dict[str, Any]) -> None:
         if self.progress is None:
@@ -86,8 +105,11 @@ class RunRecorder:
         total = self.scenario.rounds
         done = int(row["round"])
         bar = "#" * done + "." * (total - done)
+        left = self._left_out[done]
         self.progress.write(
             f"\r[{bar}] round {done}/{total}  test acc {row['test_accuracy']:.3f}  "
-            f"loss {row['test_loss']:.3f}  {row['seconds']:.0f} s" + ("\n" if done == total else "")
+            f"loss {row['test_loss']:.3f}  {row['seconds']:.0f} s"
+            + (f"  {left} left out" if left else "")
+            + ("\n" if done == total or left else "")
         )
         self.progress.flush()

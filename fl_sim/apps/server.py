@@ -1,7 +1,13 @@
-"""The ServerApp: FedAvg over every client, each round, with the global model tested centrally."""
+"""The ServerApp: FedAvg over every client, each round, with the global model tested centrally.
+
+Every reply is screened first (:class:`strategies.FaultTolerant`): a client that failed or sent
+what cannot be aggregated is recorded, in ``clients.jsonl`` and the audit, and left out, and
+the run goes on.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -9,11 +15,14 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterruptedError
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.model import array_keys, first_linear
-from strategies import HonestButCurious
+from strategies import FaultTolerant, HonestButCurious, LeftOut
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "global_model.pt"
 
@@ -43,9 +52,33 @@ def attacked_layer(scenario: Scenario) -> tuple[str, str]:
     return array_keys(name)
 
 
-def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:
+def run_federation(
+    grid: Grid, scenario: Scenario, run_dir: Path, interruption: Interruption | None = None
+) -> None:
     """All rounds of ``scenario`` on ``grid``, recorded in ``run_dir``; with the audit on, the
-    server is honest but curious and every attack is collected before this returns."""
+    server is honest but curious and every attack is collected before this returns.
+
+    With ``interruption``, a requested stop ends the run at the server's next wait for
+    replies (:class:`~fl_sim.apps.interruption.RunInterruptedError`): the attacks still running are
+    recorded as interrupted, without waiting for them, and ``interruption.done()`` is called
+    however the run ended.
+    """
+    if interruption is not None:
+        interruption.begin()
+    try:
+        _federate(grid, scenario, run_dir, interruption)
+    except RunInterruptedError:  # asked for: the main thread reports what was recorded
+        log.info("the server stopped: the run was interrupted")
+    finally:
+        if interruption is not None:
+            interruption.done()
+
+
+def _federate(
+    grid: Grid, scenario: Scenario, run_dir: Path, interruption: Interruption | None
+) -> None:
+    if interruption is not None:
+        grid = InterruptibleGrid(grid, interruption)
     recorder = RunRecorder(scenario, run_dir)
     strategy: Strategy = build_strategy(scenario, recorder)
     auditor = None
@@ -61,25 +94,39 @@ def run_federation(grid: Grid, scenario: Scenario, run_dir: Path) -> None:
             cluster=scenario.cluster,
         )
         strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
+
+    def left_out(fault: LeftOut) -> None:
+        recorder.left_out(fault)
+        if auditor is not None:
+            auditor.left_out(fault)
+
+    strategy = FaultTolerant(strategy, left_out)
     try:
+        start = initial_arrays(scenario)
         result = strategy.start(
             grid=grid,
-            initial_arrays=initial_arrays(scenario),
+            initial_arrays=start,
             num_rounds=scenario.rounds,
             evaluate_fn=recorder.evaluate,
         )
-        torch.save(result.arrays.to_torch_state_dict(), run_dir / MODEL_FILE)
+        # Flower's result holds the last aggregate: none when every round failed, and the global
+        # model is then the initial one.
+        final = result.arrays if len(result.arrays) else start
+        torch.save(final.to_torch_state_dict(), run_dir / MODEL_FILE)
     finally:
         if auditor is not None:
-            auditor.finish()
+            auditor.finish(interrupted=interruption is not None and interruption.requested)
 
 
-def make_server_app(scenario: Scenario, run_dir: Path) -> ServerApp:
-    """A ServerApp that runs ``scenario`` and records into ``run_dir``."""
+def make_server_app(
+    scenario: Scenario, run_dir: Path, interruption: Interruption | None = None
+) -> ServerApp:
+    """A ServerApp that runs ``scenario`` and records into ``run_dir`` (stopping early when
+    ``interruption`` says so)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_federation(grid, scenario, run_dir)
+        run_federation(grid, scenario, run_dir, interruption)
 
     return app

@@ -41,7 +41,8 @@ from fl_sim.data.federated import FederatedData
 from fl_sim.forecast.table import joined_samples, round_correlations
 from fl_sim.model import array_keys, next_linear
 from fl_sim.report.build import read_jsonl
-from strategies import InterceptedUpdate, update_as_gradient
+from strategies import InterceptedUpdate, LeftOut, update_as_gradient
+from strategies.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TRAIN_LOSS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ METRIC_KEYS = (
 )  # fmt: skip
 GRID_DIR = "grids"
 PROXY_RUN = "proxies"
+# The status of the attacks still running when the run was interrupted.
+INTERRUPTED = "interrupted"
 
 
 def _name(base: Mapping[str, Any], suffix: str) -> str:
@@ -148,6 +151,13 @@ class Auditor:
         """File an update: rejected at once if unusable, else queued for attack."""
         self.queue(update)
 
+    def left_out(self, fault: LeftOut) -> None:
+        """File a reply the server left out of aggregation: one record, never attacked, with
+        the fault's status (``diverged``, ``client-error``, ``rejected``) and reason."""
+        client = fault.client if fault.client is not None else fault.node_id
+        base = self._base_of(fault.server_round, fault.node_id, client, fault.declared, fault.audit)
+        self._write({**base, "attack": None, "status": fault.status, "reason": fault.reason})
+
     def runs_for(self, server_round: int, client: int) -> list[AttackRun]:
         """The attacks the audit runs on this client's update of this round."""
         return [r for r in self.runs if covers(self.spec, r, server_round, client)]
@@ -169,7 +179,9 @@ class Auditor:
         if self.spec.keep_updates and update.problem is None:
             save_update(update, self.run_dir / UPDATES_DIR / _name(base, ".npz"))
         if update.problem is not None:
-            self._write({**base, "attack": None, "status": "rejected", "reason": update.problem})
+            self._write(
+                {**base, "attack": None, "status": update.failure, "reason": update.problem}
+            )
             return 0
         runs = self.runs_for(base["round"], base["client"])
         ids = self._ids(update)  # the judge keeps these, not the update's arrays
@@ -208,18 +220,25 @@ class Auditor:
                 queued += 1
         return queued
 
-    def finish(self) -> None:
+    def finish(self, interrupted: bool = False) -> None:
         """Wait (up to ``wait_s`` in all) for queued jobs; record the rest as timed out; then
-        write the per-round correlations of the proxies (``forecast.jsonl``)."""
-        self._executor.wait(self.spec.wait_s)
+        write the per-round correlations of the proxies (``forecast.jsonl``).
+
+        With ``interrupted`` (the run was stopped) nothing is waited for: the jobs still
+        running are stopped and recorded as ``interrupted``.
+        """
+        if not interrupted:
+            self._executor.wait(self.spec.wait_s)
         self._executor.close()  # no outcome comes back after this
         with self._lock:
             pending = list(self._pending.items())
         for (_, _, run), record in pending:
             late = {
                 **record,
-                "status": "timeout",
-                "reason": f"not finished {self.spec.wait_s:.0f} s after the last round",
+                STATUS: INTERRUPTED if interrupted else "timeout",
+                REASON: "the run was interrupted before this job finished"
+                if interrupted
+                else f"not finished {self.spec.wait_s:.0f} s after the last round",
             }
             if run == PROXY_RUN:
                 self._write_proxies(late)
@@ -245,30 +264,42 @@ class Auditor:
             self._pending[(record["round"], record["client"], run)] = record
         self._executor.submit(job, on_outcome=callback, on_error=failed)
 
-    @staticmethod
-    def _base(update: InterceptedUpdate) -> dict[str, Any]:
+    @classmethod
+    def _base(cls, update: InterceptedUpdate) -> dict[str, Any]:
         declared = update.declared
+        client = int(declared.get(PARTITION_ID, update.node_id))
+        return cls._base_of(update.server_round, update.node_id, client, declared, update.audit)
+
+    @staticmethod
+    def _base_of(
+        server_round: int,
+        node_id: int,
+        client: int,
+        declared: Mapping[str, Any],
+        audit: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """What every record of this client's reply says, whatever became of it."""
         epsilon = declared.get("epsilon")
         return {
             **dict.fromkeys(METRIC_KEYS),
-            "round": update.server_round,
-            "client": int(declared.get("partition-id", update.node_id)),
-            "node_id": update.node_id,
+            "round": server_round,
+            "client": client,
+            "node_id": node_id,
             "defence": declared.get("defence", "unknown"),
             "epsilon": float(epsilon) if epsilon is not None else None,
-            "declared": {k: v for k, v in declared.items() if k != "train-loss"},
-            "batch_size": len(update.audit.get("sample-ids", [])),
+            "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
+            "batch_size": len(audit.get(SAMPLE_IDS, [])),
         }
 
     def _ids(self, update: InterceptedUpdate) -> np.ndarray:
-        return np.asarray(update.audit.get("sample-ids", []), dtype=np.int64)
+        return np.asarray(update.audit.get(SAMPLE_IDS, []), dtype=np.int64)
 
     def _job(
         self, update: InterceptedUpdate, base: Mapping[str, Any], run: AttackRun
     ) -> tuple[AttackJob, dict[str, str]]:
         """The attack's inputs: the update as a gradient, plus what the attacker may know."""
         declared = update.declared
-        assert update.weight is not None and update.bias is not None
+        received_weight, _ = update.received_layer()
         lr = float(declared.get("lr", 1.0))
         steps = int(declared.get("steps", 1))
         knowledge = {"lr": "declared" if "lr" in declared else "assumed 1"}
@@ -280,7 +311,7 @@ class Auditor:
             knowledge["batch_size"] = "estimated"
         # The weights arrive rounded to their dtype (float32): the difference of two rounded
         # weights carries that round-off, amplified by 1 / lr, as noise the server can compute.
-        rounding = rounding_noise(update.weight, lr) * math.sqrt(steps)
+        rounding = rounding_noise(received_weight, lr) * math.sqrt(steps)
         noise_std = rounding
         knowledge["noise"] = "rounding" if rounding else "none"
         if self.spec.knows_noise and "noise-std" in declared:
@@ -311,17 +342,17 @@ class Auditor:
     ) -> tuple[str, ServerView]:
         """The first layer's arrays (written to ``path``) and the view of a first-layer attack;
         for a one-step DP update kept whole, the next layer's gradient too."""
-        assert update.weight is not None and update.bias is not None
         w_key, b_key = self.layer
+        weight, bias = update.received_layer()
         sent = {w_key: update.sent_weight, b_key: update.sent_bias}
-        received = {w_key: update.weight, b_key: update.bias}
+        received = {w_key: weight, b_key: bias}
         nxt = self.next_layer
         if not (update.arrays is not None and one_noisy_step(update.declared)):
             nxt = None
         if nxt is not None:
-            assert update.sent_arrays is not None and update.arrays is not None
-            sent |= {k: update.sent_arrays[k] for k in nxt}
-            received |= {k: update.arrays[k] for k in nxt}
+            sent_all, received_all = update.whole()
+            sent |= {k: sent_all[k] for k in nxt}
+            received |= {k: received_all[k] for k in nxt}
             knowledge["next_layer"] = "one DP step: its gradient fixes the samples' scales"
         gradient = {
             k: update_as_gradient(sent[k].astype(np.float64), received[k].astype(np.float64), lr)
@@ -342,12 +373,12 @@ class Auditor:
         knowledge: dict[str, str],
     ) -> tuple[str, ServerView]:
         """Every array (written to ``path``) and the view of a whole-model attack."""
-        assert update.sent_arrays is not None and update.arrays is not None
+        sent_all, received_all = update.whole()
         # The standard threat model for multi-step updates: match the pseudo-gradient, here
         # the mean step, (sent - received) / (lr * steps), the scale of one batch gradient.
-        sent = {k: v.astype(np.float64) for k, v in update.sent_arrays.items()}
+        sent = {k: v.astype(np.float64) for k, v in sent_all.items()}
         gradient = {
-            k: update_as_gradient(sent[k], update.arrays[k].astype(np.float64), lr) / steps
+            k: update_as_gradient(sent[k], received_all[k].astype(np.float64), lr) / steps
             for k in sent
         }
         knowledge["gradient"] = f"update / (lr x {steps} steps)"
@@ -374,12 +405,14 @@ class Auditor:
         return write_arrays(path, sent, gradient), view
 
     def _proxy_job(self, update: InterceptedUpdate, base: Mapping[str, Any]) -> ProxyJob:
-        assert update.sent_arrays is not None and self.architecture is not None
+        sent_all, _ = update.whole()
+        if self.architecture is None:  # the constructor refuses proxies without one
+            raise ValueError("the proxies need the model's architecture")
         ids = self._ids(update)
         inputs, labels = self.data.tensors(ids)
         path = write_proxy_arrays(
             self.run_dir / JOBS_DIR / _name(base, f"-{PROXY_RUN}.npz"),
-            dict(update.sent_arrays),
+            dict(sent_all),
             inputs.double().numpy(),
             labels.numpy(),
             ids,

@@ -14,8 +14,14 @@ from strategies import InterceptedUpdate
 
 def save_update(update: InterceptedUpdate, path: Path) -> None:
     """Store an intercepted update (arrays as received, declarations as JSON; every array as
-    sent and received when it was kept whole)."""
-    assert update.weight is not None and update.bias is not None
+    sent and received when it was kept whole).
+
+    Raises
+    ------
+    ValueError
+        For an update with a problem, of which nothing was kept.
+    """
+    weight, bias = update.received_layer()
     path.parent.mkdir(parents=True, exist_ok=True)
     whole: dict[str, Any] = {}
     if update.sent_arrays is not None and update.arrays is not None:
@@ -25,8 +31,8 @@ def save_update(update: InterceptedUpdate, path: Path) -> None:
         path,
         sent_weight=update.sent_weight,
         sent_bias=update.sent_bias,
-        weight=update.weight,
-        bias=update.bias,
+        weight=weight,
+        bias=bias,
         meta=np.asarray(
             json.dumps(
                 {

@@ -54,7 +54,10 @@ def client_update(
         )
     _, layer = first_linear(model)
     found = next_linear(model)
-    assert found is not None
+    if found is None:
+        raise ValueError(
+            f"case {case.name!r}: depth {case.depth} has no linear layer after the first"
+        )
     nxt = found[1]
     params = (layer.weight, layer.bias, nxt.weight, nxt.bias)
     sent = [p.detach().clone() for p in params]
@@ -276,5 +279,6 @@ def run_bench(
             json.dumps({"meta": meta, "cases": summaries}, indent=2, allow_nan=False)
         )
         (out / "summary.md").write_text(markdown(summaries, paper, meta))
-    assert all(math.isfinite(s["psnr_mean"]) for s in summaries)
+    if not all(math.isfinite(s["psnr_mean"]) for s in summaries):
+        raise ValueError(f"a case's mean PSNR is not finite: see {out / 'rows.jsonl'}")
     return summaries

@@ -16,6 +16,7 @@ from fl_sim.forecast.table import (
     record_run,
     round_correlations,
 )
+from fl_sim.report.faults import left_out_table
 from fl_sim.report.forecast import correlation_table, exposure_table, forecast_scatter
 from fl_sim.report.plots import epsilon_vs_leakage, leakage_per_defence, leakage_per_round
 
@@ -110,6 +111,15 @@ def forecast_tables(run_dir: Path) -> tuple[str, str, list[dict[str, Any]]]:
     )
 
 
+def planned_rounds(run_dir: Path) -> int | None:
+    """The rounds the run's scenario asked for (``scenario.json``), if it says."""
+    path = run_dir / "scenario.json"
+    if not path.is_file():
+        return None
+    rounds = json.loads(path.read_text()).get("typed", {}).get("rounds")
+    return int(rounds) if rounds is not None else None
+
+
 def _img(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
@@ -119,6 +129,9 @@ def build_report(run_dir: Path) -> Path:
     """Write the plots and ``report.html`` (all images inline, opens offline) for a run."""
     records = read_jsonl(run_dir / "audit.jsonl")
     rounds = read_jsonl(run_dir / "rounds.jsonl")
+    faults = left_out_table(read_jsonl(run_dir / "clients.jsonl"))
+    done = max((r["round"] for r in rounds), default=0)
+    planned = planned_rounds(run_dir)
     data = (
         json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").is_file() else {}
     )
@@ -146,12 +159,24 @@ def build_report(run_dir: Path) -> Path:
         "text-align:right}img{max-width:100%}pre{background:#f6f6f6;padding:1em}</style>",
         "</head><body>",
         f"<h1>Leakage audit: {html.escape(run_dir.name)}</h1>",
-        f"<p>Data: {html.escape(str(data.get('source', 'unknown')))}. Rounds: "
-        f"{max((r['round'] for r in rounds), default=0)}. Final test accuracy: "
+        f"<p>Data: {html.escape(str(data.get('source', 'unknown')))}. Rounds: {done}"
+        + (
+            f" of {planned} (the run stopped early)"
+            if planned is not None and done < planned
+            else ""
+        )
+        + ". Final test accuracy: "
         f"{_fmt(rounds[-1]['test_accuracy'] if rounds else None, '{:.3f}')}. "
         "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the client's batch.</p>",
         f"<h2>Summary per client</h2><pre>{html.escape(summary_table(records))}</pre>",
     ]
+    if faults:
+        parts.append(
+            "<h2>Clients left out of aggregation</h2><p>Their training diverged, their round "
+            "failed, or their reply could not be used: the federation went on without them "
+            "(a round without any reply kept the global model).</p>"
+            f"<pre>{html.escape(faults)}</pre>"
+        )
     for title, path in figures:
         parts.append(f"<h2>{html.escape(title)}</h2>{_img(path, title)}")
     inversion = inversion_table(records)
@@ -189,7 +214,8 @@ def build_report(run_dir: Path) -> Path:
         )
         parts.append(
             f"<tr><td>{r['round']}</td><td>{r['client']}</td>"
-            f"<td>{html.escape(record_run(r) if r['status'] != 'rejected' else '-')}</td>"
+            f"<td>{html.escape('-' if 'attack' in r and r['attack'] is None else record_run(r))}"
+            "</td>"
             f"<td>{html.escape(r['defence'])}</td>"
             f"<td>{_fmt(r.get('epsilon'), '{:.3g}')}</td><td>{html.escape(r['status'])}</td>"
             f"<td>{r.get('batch_size')} / {_fmt(r.get('batch_size_estimated'), '{}')}</td>"

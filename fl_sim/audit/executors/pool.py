@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from multiprocessing.pool import AsyncResult, Pool
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,15 @@ from fl_sim.audit.executors.base import (
 
 if TYPE_CHECKING:
     from fl_sim.config.cluster import ClusterSpec
+
+
+def _init_worker(threads: int) -> None:
+    """Each worker: ``threads`` torch threads, and deaf to Ctrl-C, which reaches the whole
+    process group: the server records the jobs in flight and terminates the workers itself,
+    rather than each printing its KeyboardInterrupt and leaving its job unanswered (one that
+    is still starting, importing torch, prints it all the same)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
 
 
 @register_executor("pool")
@@ -51,7 +61,7 @@ class PoolExecutor:
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             # spawn, not fork: the server process holds threads (Flower's, gRPC's).
             self._pool = multiprocessing.get_context("spawn").Pool(
-                self.workers, initializer=torch.set_num_threads, initargs=(threads,)
+                self.workers, initializer=_init_worker, initargs=(threads,)
             )
         self._results = [r for r in self._results if not r.ready()]
         self._results.append(

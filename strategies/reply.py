@@ -1,0 +1,36 @@
+"""What a client's training reply holds: the record names, keys and statuses that the ClientApp
+writes and the server reads, in one place so that both sides agree.
+
+A reply holds the updated weights (:data:`ARRAYS`), ``num-examples`` and the training loss
+(:data:`METRICS`, averaged by FedAvg), the client's declared settings, its :data:`STATUS` and,
+for a failed round, its :data:`REASON` (:data:`CLIENT`, a ConfigRecord, never averaged), and,
+in simulation only, which samples it trained on (:data:`AUDIT`). A failed reply has no arrays
+and ``num-examples`` 0: nothing of it can be aggregated.
+"""
+
+from __future__ import annotations
+
+# Records of the reply (and the server's message: ``arrays`` and ``config``).
+ARRAYS = "arrays"
+METRICS = "metrics"
+CLIENT = "client"
+AUDIT = "audit"
+CONFIG = "config"
+
+# Keys inside them.
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train-loss"
+SERVER_ROUND = "server-round"
+PARTITION_ID = "partition-id"
+SAMPLE_IDS = "sample-ids"
+STATUS = "status"
+REASON = "reason"
+
+# Statuses: a client's own (``ok``, ``diverged``, ``client-error``), and the server's verdict on
+# a reply it cannot use whatever the client declared (``rejected``).
+OK = "ok"
+DIVERGED = "diverged"
+CLIENT_ERROR = "client-error"
+REJECTED = "rejected"
+# The statuses of a reply left out of aggregation, as clients.jsonl and the audit record them.
+LEFT_OUT = (DIVERGED, CLIENT_ERROR, REJECTED)
