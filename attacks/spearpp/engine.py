@@ -51,8 +51,10 @@ _START_SPREAD = 0.5
 _DEFLATE_MAX_MISSING = 4
 # Largest factor by which idle sign rounds widen the next round's starts.
 _SIGN_WIDEN_MAX = 16
-# Random mixes of the missing columns' guesses per missing column.
+# Random mixes of the missing columns' guesses per missing column, and the sizes of the
+# random steps away from them.
 _LAST_MIXES = 4
+_LAST_SPREADS = (0.2, 0.4, 0.6)
 
 
 class _Clock:
@@ -163,22 +165,32 @@ def _last_columns(
 
     Every missing column is orthogonal to every found sample's input coordinates (P Q = I), so
     the complement of their estimates (``basis``) holds the guesses; their errors (a few
-    degrees on trained networks) leave the guesses outside small basins, and a sample with many
-    zeros is pulled in only by null steps on more rows than the default: each guess is run with
-    several row counts.
+    degrees on trained networks, more where the found samples' inputs are poorly pinned) leave
+    the guesses outside small basins, so random steps around them are tried too. A sample with
+    many zeros is pulled in only by null steps on more rows than the default, one with few
+    zeros only by fewer: each guess is run with several row counts.
     """
     b = basis.shape[0]
     m = geom.left.shape[0]
     complement = torch.linalg.svd(basis, full_matrices=True)[0][:, basis.shape[1] :]
-    mixes = torch.randn(
-        _LAST_MIXES * complement.shape[1],
-        complement.shape[1],
-        generator=generator,
-        dtype=complement.dtype,
-    ).to(complement.device)
-    guesses = torch.cat([complement.T, mixes @ complement.T])
+    count = _LAST_MIXES * complement.shape[1]
+    mixes = torch.randn(count, complement.shape[1], generator=generator, dtype=basis.dtype)
+    guesses = torch.nn.functional.normalize(mixes.to(basis.device) @ complement.T, dim=1)
+    # A cloud around the guesses: their errors reach 25 degrees or more where the found
+    # samples' inputs are poorly pinned.
+    cloud = torch.randn(len(_LAST_SPREADS) * count, b, generator=generator, dtype=basis.dtype)
+    spreads = torch.tensor(_LAST_SPREADS, dtype=basis.dtype).repeat_interleave(count)[:, None]
+    guesses = torch.cat(
+        [
+            complement.T,
+            guesses,
+            guesses.repeat(len(_LAST_SPREADS), 1)
+            + spreads.to(basis.device)
+            * torch.nn.functional.normalize(cloud, dim=1).to(basis.device),
+        ]
+    )
     default = null_step_rows(m, b)
-    counts = sorted({default, (default + m // 2) // 2, m // 2})
+    counts = sorted({min(2 * b, default), default, (default + m // 2) // 2, m // 2})
     return torch.cat(
         [
             sign_search(geom, guesses, None, config.sign_iterations, found, null_step, rows)
