@@ -35,15 +35,16 @@ def _fmt(value: Any, pattern: str = "{:.1f}") -> str:
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:
-    """Per client, SPEAR++ records only: defence, last epsilon, rounds attacked, statuses, PSNR
-    and exact shares."""
+    """Per client, SPEAR++ records only: defence, last epsilon, rounds attacked, statuses, PSNR,
+    the exact and near-exact shares (the judge's) and the certified share (what the attack
+    vouches for without ground truth)."""
     by_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         if is_spearpp(r):
             by_client[r["client"]].append(r)
     header = (
         f"{'client':>6}  {'defence':<8} {'epsilon':>10} {'rounds':>6}  {'statuses':<22} "
-        f"{'PSNR mean':>9} {'PSNR min':>8} {'exact':>6} {'near':>6}"
+        f"{'PSNR mean':>9} {'PSNR min':>8} {'exact':>6} {'near':>6} {'cert.':>6}"
     )
     lines = [header, "-" * len(header)]
     for client in sorted(by_client):
@@ -57,11 +58,14 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         low = min((r["psnr_min"] for r in scored), default=None)
         exact = sum(r["share_exact"] for r in scored) / len(scored) if scored else None
         near = sum(r["share_near_exact"] for r in scored) / len(scored) if scored else None
+        vouched = [r["share_certified"] for r in scored if "share_certified" in r]
+        cert = sum(vouched) / len(vouched) if vouched else None
         lines.append(
             f"{client:>6}  {rows[0]['defence']:<8} {_fmt(eps, '{:.3g}'):>10} {len(rows):>6}  "
             f"{', '.join(f'{k} {v}' for k, v in sorted(statuses.items())):<22} "
             f"{_fmt(mean):>9} {_fmt(low):>8} {_fmt(exact and 100 * exact, '{:.0f}%'):>6} "
-            f"{_fmt(near and 100 * near, '{:.0f}%'):>6}"
+            f"{_fmt(near and 100 * near, '{:.0f}%'):>6} "
+            f"{_fmt(cert if cert is None else 100 * cert, '{:.0f}%'):>6}"
         )
     return "\n".join(lines)
 
@@ -167,7 +171,9 @@ def build_report(run_dir: Path) -> Path:
         )
         + ". Final test accuracy: "
         f"{_fmt(rounds[-1]['test_accuracy'] if rounds else None, '{:.3f}')}. "
-        "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the client's batch.</p>",
+        "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the client's batch "
+        "(the judge's, from the ground truth); certified: the share the attack itself vouches "
+        "for, without ground truth (columns: the samples' output gradients it verified).</p>",
         f"<h2>Summary per client</h2><pre>{html.escape(summary_table(records))}</pre>",
     ]
     if faults:
@@ -203,7 +209,8 @@ def build_report(run_dir: Path) -> Path:
     parts.append(
         "<h2>Every reconstruction</h2><table><tr><th>round</th><th>client</th>"
         "<th>attack</th><th>defence</th><th>epsilon</th><th>status</th><th>B / B_hat</th>"
-        "<th>PSNR mean</th><th>exact</th><th>originals (top) / reconstructions</th></tr>"
+        "<th>PSNR mean</th><th>exact</th><th>columns / certified</th>"
+        "<th>originals (top) / reconstructions</th></tr>"
     )
     for r in sorted(records, key=lambda r: (r["round"], r["client"], record_run(r))):
         grid = run_dir / r["grid"] if r.get("grid") else None
@@ -221,6 +228,7 @@ def build_report(run_dir: Path) -> Path:
             f"<td>{r.get('batch_size')} / {_fmt(r.get('batch_size_estimated'), '{}')}</td>"
             f"<td>{_fmt(r.get('psnr_mean'))}</td>"
             f"<td>{_fmt(r.get('share_exact') and 100 * r['share_exact'], '{:.0f}%')}</td>"
+            f"<td>{_fmt(r.get('columns_verified'), '{}')} / {_fmt(r.get('certified'), '{}')}</td>"
             f"<td style='text-align:left'>{cell}</td></tr>"
         )
     parts.append("</table></body></html>")
