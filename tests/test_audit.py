@@ -164,3 +164,24 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
     assert all(r["psnr_mean"] == by_key[(r["round"], r["client"])] for r in resumed)
     assert reaudit(run_dir, redo=True) == 4
     assert len(_records(run_dir)) == 4 and len(list(run_dir.glob("audit-*.jsonl"))) == 1
+
+
+def test_noise_not_told_reaches_the_attack_as_nothing(tmp_path: Path) -> None:
+    """``knows_noise = false``: the attack is given no noise level at all (neither the declared
+    DP noise nor the server's own rounding estimate) and fits it to the spectrum; records then
+    carry what it inferred."""
+    dp = replace(
+        _update(1, 0),
+        declared={"partition-id": 0, "defence": "dp", "lr": 0.1, "steps": 1, "noise-std": 1e-5},
+        weight=(_update(1, 0).weight).astype(np.float32),  # float32 weights: rounding noise
+    )
+    views = {}
+    for knows in (True, False):
+        auditor = Auditor(AuditSpec(knows_noise=knows), _data(), tmp_path / str(knows), 0)
+        base = auditor._base(dp)
+        job, knowledge = auditor._job(dp, base, auditor.runs_for(1, 0)[0])
+        views[knows] = (job.view.noise_std, knowledge["noise"])
+        auditor.finish()
+    assert views[True][0] is not None and views[True][0] > 1e-5
+    assert views[True][1] == "declared + rounding"
+    assert views[False] == (None, "not told: estimated from the gradient's spectrum")
