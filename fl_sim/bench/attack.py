@@ -192,6 +192,12 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "share_exact_batches": float(np.mean([r["batch_exact"] for r in rows])),
         "noise_told": all(r.get("noise_told", True) for r in rows),
+        "noise_added": any(r.get("noise_std") for r in rows),
+        "noise_std_estimated_mean": (
+            float(np.mean(fits))
+            if (fits := [f for r in rows if (f := r["attack"].get("noise_std_estimated"))])
+            else None
+        ),
         # The spectrum's noise fit: its largest relative error (None where nothing was fitted),
         # and the lowest confidence of the batch-size estimate.
         "noise_estimate_error_max": max(
@@ -224,8 +230,9 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         "noisy bias gradient alone (`scale_bound`; - without noise), which one-step updates "
         "beat by using the next layer's too; batches = share of seeds whose whole batch is "
         "exact; B_hat confidence: the lowest over seeds of the attack's confidence in its "
-        "batch-size estimate; noise: whether the attacker was told the noise level, and how "
-        "far its fit to the gradient's spectrum was at worst from the true per-entry std.",
+        "batch-size estimate; noise: whether the attacker was told the DP noise level, and how far "
+        "its fit to the gradient's spectrum was at worst from the true per-entry std (without DP "
+        "noise: the mean std of the round-off bulk it fitted, if any).",
         "",
         "| case | seeds | PSNR mean | PSNR min | SSIM | exact | near-exact | at true scale | "
         "scale bound | batches exact | B_hat right | B_hat confidence (min) | noise | s mean | "
@@ -245,6 +252,9 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         confidence = s.get("batch_size_confidence_min", 1.0)
         if error is not None:
             noise += f", fit within {100 * error:.2f}%"
+        if not s.get("noise_added", True):
+            fitted = s.get("noise_std_estimated_mean")
+            noise = "none added" + (f"; round-off bulk fitted, std {fitted:.2g}" if fitted else "")
         lines.append(
             f"| {s['case']} | {len(s['seeds'])} | {s['psnr_mean']:.1f} | {s['psnr_min']:.1f} | "
             f"{s['ssim_mean']:.3f} | {100 * s['share_exact_samples']:.1f}% | "
