@@ -21,7 +21,8 @@ class Reconstruction:
     batch_size
         B_hat.
     batch_size_method
-        How B_hat was found: ``declared``, ``float-rank``, ``noise-edge`` or ``spectral-gap``.
+        How B_hat was found: ``declared``, ``float-rank``, ``noise-edge`` (above the declared
+        noise), ``noise-bulk`` (above the noise bulk fitted to the spectrum) or ``spectral-gap``.
     status
         ``exact`` when every one of the B_hat columns was verified and every sample's sparsity
         matching coefficient is at least 0.95, ``partial`` when some columns were verified (the
@@ -48,6 +49,27 @@ class Reconstruction:
         The configuration used, plus the device and what the attacker was told.
     reason
         Why the result is not exact, when the engine can say ('' otherwise).
+    noise_declared
+        The per-entry noise std the attacker was told (``None``: not told).
+    noise_std_estimated
+        The std of the noise bulk fitted to the gradient's spectrum beyond B_hat (``None`` when
+        the tail is no noise bulk above the round-off).
+    noise_std_used
+        The level the zero tolerances followed: the declared one, or the estimate when none was
+        declared or the spectrum shows clearly more (0: none).
+    undeclared_noise
+        The spectrum shows noise that was not declared (none declared, or clearly above the
+        declared level).
+    batch_size_confidence
+        Of B_hat, in [0, 1]: how clearly the threshold that gave it separates the weakest kept
+        singular value from the strongest dropped one (1 when declared; see
+        :func:`attacks.spearpp.factor.rank_confidence`).
+    spectrum
+        The singular-value ratios behind that confidence (``weakest_over_threshold``,
+        ``strongest_dropped_over_threshold``, ``gap``, and with a noise bulk
+        ``weakest_over_edge`` and ``bulk_top_over_edge``).
+    noise_note
+        What the spectrum says of the noise, in words.
     """
 
     inputs: torch.Tensor
@@ -61,6 +83,13 @@ class Reconstruction:
     counts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    noise_declared: float | None = None
+    noise_std_estimated: float | None = None
+    noise_std_used: float = 0.0
+    undeclared_noise: bool = False
+    batch_size_confidence: float = 1.0
+    spectrum: dict[str, float] = field(default_factory=dict)
+    noise_note: str = ""
 
     def summary(self) -> dict[str, Any]:
         """Everything but the inputs, as JSON-ready values."""
@@ -72,6 +101,13 @@ class Reconstruction:
             "verified": int(self.verified.sum()),
             "certified": int(self.certified.sum()),
             "confidence_mean": float(self.confidence.mean()) if self.batch_size else 0.0,
+            "batch_size_confidence": self.batch_size_confidence,
+            "noise_declared": self.noise_declared,
+            "noise_std_estimated": self.noise_std_estimated,
+            "noise_std_used": self.noise_std_used,
+            "undeclared_noise": self.undeclared_noise,
+            "noise_note": self.noise_note,
+            "spectrum": dict(self.spectrum),
             "timings": dict(self.timings),
             "counts": dict(self.counts),
             "settings": dict(self.settings),

@@ -16,7 +16,7 @@ from attacks import SpearConfig, paper_config
 from clients import LocalTraining
 from fl_sim.bench import scale, throughput
 from fl_sim.bench.attack import run_bench
-from fl_sim.bench.cases import PRESETS, AttackCase
+from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining
 
@@ -59,6 +59,7 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
         training=training,
         attack=attack,
         knows_batch_size=args.knows_batch_size,
+        arrays=args.arrays,
     )
 
 
@@ -86,6 +87,8 @@ def _bench_attack(args: argparse.Namespace) -> int:
         cases = tuple(
             AttackCase(**{**c.__dict__, "pretrain": pre, "name": c.name + pre.label}) for c in cases
         )
+    if args.noise_blind:
+        cases = tuple(c if not c.knows_noise else noise_blind(c) for c in cases)
     data = bench_data(args.data, args.split)
     out = results_folder(args.out, f"attack-{args.preset}")
     command = command_line()
@@ -319,6 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
     custom.add_argument("--clip", type=float, default=1.0)
     custom.add_argument("--sigma", type=float, default=0.0, help="DP noise multiplier")
     custom.add_argument("--knows-batch-size", action="store_true")
+    custom.add_argument(
+        "--arrays",
+        choices=ARRAYS,
+        default="tensors",
+        help="how the update reaches the attack: the client's tensors, widened to float64 "
+        "numpy arrays, or (sent - received) / lr computed in float64",
+    )
+    attack.add_argument(
+        "--noise-blind",
+        action="store_true",
+        help="do not tell the attacker the DP noise level: it fits it to the gradient's spectrum",
+    )
     attack.add_argument(
         "--time-budget",
         type=float,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, Auditor
@@ -189,3 +190,53 @@ def test_left_out_replies_and_interrupted_attacks_are_recorded(tmp_path: Path) -
     assert records[(2, 108)]["status"] == "client-error"  # no client known: its node id
     assert records[(2, 0)]["status"] == "interrupted"
     assert all(set(r) >= REQUIRED for r in records.values())
+
+
+def test_noise_not_told_reaches_the_attack_as_nothing(tmp_path: Path) -> None:
+    """``knows_noise = false``: the attack is given no noise level at all (neither the declared
+    DP noise nor the server's own rounding estimate) and fits it to the spectrum; records then
+    carry what it inferred."""
+    dp = replace(
+        _update(1, 0),
+        declared={"partition-id": 0, "defence": "dp", "lr": 0.1, "steps": 1, "noise-std": 1e-5},
+        weight=(_update(1, 0).weight).astype(np.float32),  # float32 weights: rounding noise
+    )
+    views = {}
+    for knows in (True, False):
+        auditor = Auditor(AuditSpec(knows_noise=knows), _data(), tmp_path / str(knows), 0)
+        base = auditor._base(dp)
+        job, knowledge = auditor._job(dp, base, auditor.runs_for(1, 0)[0])
+        views[knows] = (job.view.noise_std, knowledge["noise"])
+        auditor.finish()
+    assert views[True][0] is not None and views[True][0] > 1e-5
+    assert views[True][1] == "declared + rounding"
+    assert views[False] == (None, "not told: estimated from the gradient's spectrum")
+
+
+@pytest.mark.slow
+def test_dp_client_audited_without_its_noise_level(tmp_path: Path) -> None:
+    """``knows_noise = false``: the one-step DP client (sigma=1e-4) is reconstructed from the
+    noise the spectrum shows (it used to be refused), and its record says what was inferred."""
+    raw: dict[str, Any] = {
+        "rounds": 1,
+        "data": {"source": "photos", "samples_per_client": 20, "test_size": 20},
+        "model": {"width": 200, "depth": 6},
+        "clients": {
+            "count": 2,
+            "batch_size": 20,
+            "lr": 0.1,
+            "1": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1e-4},
+        },
+        "audit": {"knows_noise": False, "max_passes": 4, "time_budget_s": 8.0},
+    }
+    run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
+    records = {r["client"]: r for r in _records(run_dir)}
+    dp, plain = records[1], records[0]
+    assert dp["knowledge"]["noise"] == "not told: estimated from the gradient's spectrum"
+    assert dp["batch_size_estimated"] == 20 and dp["batch_size_method"] == "noise-bulk"
+    assert dp["undeclared_noise"] and dp["batch_size_confidence"] == 1.0
+    true_std = float(dp["declared"]["noise-std"])
+    assert abs(dp["noise_std_estimated"] / true_std - 1) < 0.05
+    assert dp["share_near_exact"] >= 0.9
+    assert plain["status"] == "exact" and not plain["undeclared_noise"]
+    assert plain["noise_std_estimated"] is None

@@ -124,6 +124,23 @@ def test_cli_custom_case(tmp_path: Path) -> None:
     assert rows[0]["defence"]["epochs"] == 2
 
 
+def test_cli_noise_blind_dp_case(tmp_path: Path) -> None:
+    """``--noise-blind``: the DP noise level is kept from the attacker, which fits it; rows and
+    the table say so."""
+    real_images()
+    from tests.helpers import SHARED_NPZ
+
+    args = ["-q", "bench", "attack", "--data", str(SHARED_NPZ), "--out", str(tmp_path)]
+    args += ["--batch-size", "10", "--width", "200", "--defence", "dp", "--clip", "2"]
+    main([*args, "--sigma", "1e-4", "--noise-blind", "--seeds", "0"])
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert rows[0]["case"].endswith("[noise not told]") and rows[0]["noise_told"] is False
+    attack = rows[0]["attack"]
+    assert attack["settings"]["declared_noise_std"] is None and attack["undeclared_noise"]
+    assert attack["batch_size"] == 10 and abs(rows[0]["noise_estimate_error"]) < 0.05
+    assert "not told, fit within" in (tmp_path / "summary.md").read_text()
+
+
 def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
     from fl_sim.bench.sweep import SweepPlan, run_sweep
 

@@ -7,6 +7,12 @@ import pytest
 import torch
 
 from attacks import AttackInputError, SpearConfig, reconstruct
+from attacks.spearpp.inputs import (
+    FLOAT32_PRECISION,
+    PRECISION_FLOOR,
+    gradient_precision,
+    observe_layer,
+)
 
 CHEAP = SpearConfig(starts=10, steps=5, max_passes=1)
 
@@ -56,9 +62,29 @@ def test_all_zero_gradient() -> None:
 
 def test_estimated_batch_size_at_width_is_refused() -> None:
     layer = _layer(m=10, n=40)
-    layer["grad_weight"] = torch.randn(10, 40, dtype=torch.float64)  # full rank: B >= m
+    # Full rank (B >= m) with a decaying spectrum, which no noise bulk has. (An i.i.d. Gaussian
+    # matrix is indistinguishable from pure noise: nothing stands above it, tests/test_factor.py.)
+    g = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(10, 10, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(40, 10, generator=g, dtype=torch.float64))
+    layer["grad_weight"] = u * torch.logspace(0, -2, 10, dtype=torch.float64) @ v.T
     with pytest.raises(AttackInputError, match=r"B_hat=10 .* not below min\(m, n\) = 10"):
         reconstruct(**layer, config=CHEAP)
+
+
+def test_float32_values_in_float64_arrays_get_float32_precision() -> None:
+    """A float32 update widened to float64 (numpy's habit) carries float32 round-off: it gets the
+    precision float32 tensors get; a genuine float64 gradient keeps float64's."""
+    layer = _layer()
+    widened = {k: v.float().double().numpy() for k, v in layer.items()}
+    obs = observe_layer(**widened, device=torch.device("cpu"))
+    as_float32 = observe_layer(**{k: v.float() for k, v in layer.items()}, device=obs.weight.device)
+    assert obs.precision == as_float32.precision == FLOAT32_PRECISION
+    assert obs.precision_from == "float32 values in a float64 array"
+    assert as_float32.precision_from == "float32 dtype"
+    exact = observe_layer(**layer, device=torch.device("cpu"))
+    assert (exact.precision, exact.precision_from) == (PRECISION_FLOOR, "float64 dtype")
+    assert gradient_precision(layer["grad_weight"] * 1.1)[0] == PRECISION_FLOOR
 
 
 def test_declared_batch_size_out_of_range() -> None:

@@ -77,7 +77,8 @@ class SpearConfig:
         A start whose direction has at least this |cosine| with a found column is dropped.
     zero_tol
         Relative tolerance under which an entry of L q counts as zero (``None``: from the float
-        precision, or from ``noise_std`` when one is given).
+        precision, or from the noise level: ``noise_std`` when one is given, else the level
+        fitted to the gradient's spectrum when it shows noise).
     split_mixtures
         Split candidates whose zero set is shared by a few columns into those columns.
     deflate

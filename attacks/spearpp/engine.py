@@ -262,6 +262,7 @@ def run_spearpp(
             precision=obs.precision,
             generator=generator,
         )
+    declared_noise, noise_std = noise_std, fac.noise_std  # declared, or fitted to the spectrum
     b, m = fac.batch_size, obs.width
     next_layer = config.next_layer_scale and obs.next_layer is not None
     null_step = config.null_step
@@ -272,7 +273,9 @@ def run_spearpp(
         "refinement": config.refinement,
         "device_used": str(device),
         "declared_batch_size": batch_size,
-        "declared_noise_std": noise_std,
+        "declared_noise_std": declared_noise,
+        "precision": obs.precision,
+        "precision_from": obs.precision_from,
         "null_step_used": null_step,
         "scales_from": "this and the next layer's bias gradients"
         if next_layer
@@ -291,7 +294,8 @@ def run_spearpp(
             timings=clock.seconds,
             counts={"starts": 0, "passes": 0, "candidates": 0, "unique": 0, "selected": 0},
             settings=settings,
-            reason="no singular value of the gradient stands above the declared noise",
+            reason="no singular value of the gradient stands above the noise",
+            **fac.report(),
         )
     left = fac.left
     rule = ZeroRule(
@@ -409,4 +413,5 @@ def run_spearpp(
             f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples "
             f"certified, lowest sparsity matching {float(solution.matching.min()):.3f}"
         ),
+        **fac.report(),
     )

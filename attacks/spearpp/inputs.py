@@ -13,6 +13,8 @@ ArrayLike = torch.Tensor | np.ndarray
 # Relative size under which float64 entries of a rank-B product are round-off (measured residue
 # about 1e-14; real entries sit far above 1e-9).
 PRECISION_FLOOR = 1e-9
+# Float32 round-off relative to an entry, as every zero tolerance's floor.
+FLOAT32_PRECISION = 100 * torch.finfo(torch.float32).eps
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class LayerObservation:
     next_layer
         The next linear layer's gradient, when the server has it and the update is one step:
         it pins each sample's scale far better than the bias gradient alone under noise.
+    precision_from
+        Where ``precision`` came from: the gradient's dtype, or float32 values found in a
+        float64 gradient (a float32 client's update as numpy code hands it over).
     """
 
     grad_weight: torch.Tensor
@@ -59,6 +64,7 @@ class LayerObservation:
     bias: torch.Tensor
     precision: float
     next_layer: NextLayer | None = None
+    precision_from: str = "float64 dtype"
 
     @property
     def width(self) -> int:
@@ -153,8 +159,26 @@ def observe_layer(
     if not bool(gw.any()):
         raise AttackInputError("grad_weight is all zeros: there is nothing to reconstruct from")
     moved = {k: t.to(device=device, dtype=torch.float64) for k, t in named.items()}
-    precision = max(PRECISION_FLOOR, 100 * torch.finfo(gw.dtype).eps)
+    precision, precision_from = gradient_precision(gw)
     nxt = None
     if next_layer is not None:
         nxt = NextLayer(moved.pop("next_grad_weight"), moved.pop("next_grad_bias"))
-    return LayerObservation(**moved, precision=precision, next_layer=nxt)
+    return LayerObservation(
+        **moved, precision=precision, next_layer=nxt, precision_from=precision_from
+    )
+
+
+def gradient_precision(grad_weight: torch.Tensor) -> tuple[float, str]:
+    """The relative round-off a gradient carries, and where it was read from.
+
+    A float64 array every entry of which is a float32 number (``x == float64(float32(x))``) is a
+    float32 gradient widened, as numpy code does: it carries float32 round-off, which float64
+    arithmetic cannot remove, so it gets float32's floor as float32 tensors do.
+    """
+    dtype = grad_weight.dtype
+    name = str(dtype).removeprefix("torch.")
+    if dtype == torch.float64 and bool(
+        (grad_weight == grad_weight.to(torch.float32).to(torch.float64)).all()
+    ):
+        return max(PRECISION_FLOOR, FLOAT32_PRECISION), "float32 values in a float64 array"
+    return max(PRECISION_FLOOR, 100 * torch.finfo(dtype).eps), f"{name} dtype"

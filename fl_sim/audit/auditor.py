@@ -314,7 +314,11 @@ class Auditor:
         rounding = rounding_noise(received_weight, lr) * math.sqrt(steps)
         noise_std = rounding
         knowledge["noise"] = "rounding" if rounding else "none"
-        if self.spec.knows_noise and "noise-std" in declared:
+        if not self.spec.knows_noise:
+            # Told nothing: the attack fits the noise (DP and round-off alike) to the spectrum.
+            noise_std = 0.0
+            knowledge["noise"] = "not told: estimated from the gradient's spectrum"
+        elif "noise-std" in declared:
             # Each step adds its own noise: the summed update carries sqrt(steps) times as much.
             dp = float(declared["noise-std"]) * math.sqrt(steps)
             noise_std = math.hypot(dp, rounding)
@@ -442,6 +446,12 @@ class Auditor:
             "reason": summary["reason"],
             "batch_size_estimated": summary["batch_size"],
             "batch_size_method": summary["batch_size_method"],
+            # What the attack inferred of the batch size and the noise from the spectrum.
+            "batch_size_confidence": summary.get("batch_size_confidence"),
+            "noise_std_estimated": summary.get("noise_std_estimated"),
+            "noise_std_used": summary.get("noise_std_used"),
+            "undeclared_noise": summary.get("undeclared_noise"),
+            "noise_note": summary.get("noise_note"),
             **{k: v for k, v in quality.summary().items() if k != "samples"},
             # What the attack vouches for without ground truth: columns (each one sample's
             # output gradient) and samples (inputs), beside what the judge found.

@@ -38,8 +38,8 @@ def client_update(
 
     Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and for a
     one-step noisy update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
-    the true images on [0, 1] (B x 3 x 32 x 32) and the per-entry noise std of the
-    gradient-equivalent.
+    in the form ``case.arrays`` asks for, the true images on [0, 1] (B x 3 x 32 x 32) and the
+    per-entry noise std of the gradient-equivalent.
     """
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.labels), case.batch_size, replace=False)
@@ -63,13 +63,19 @@ def client_update(
     sent = [p.detach().clone() for p in params]
     gen = torch.Generator().manual_seed(seed)
     result = train_locally(model, norm.apply(images), labels, case.training, gen)
+    if case.arrays == "float64-diff":
+        sent, after = [p.double() for p in sent], [p.detach().double() for p in params]
+    else:
+        after = [p.detach() for p in params]
     grads = [
-        update_as_gradient(before, after.detach(), case.training.lr)
-        for before, after in zip(sent, params, strict=True)
+        update_as_gradient(before, now, case.training.lr)
+        for before, now in zip(sent, after, strict=True)
     ]
     view = {"grad_weight": grads[0], "grad_bias": grads[1], "weight": sent[0], "bias": sent[1]}
     if result.steps == 1 and result.noise_std > 0:
         view |= {"next_grad_weight": grads[2], "next_grad_bias": grads[3]}
+    if case.arrays != "tensors":
+        view = {k: v.double() for k, v in view.items()}
     return view, images, result.noise_std
 
 
@@ -115,17 +121,20 @@ def run_case(
     case: AttackCase, seed: int, data: ImageSet, norm: Normalization, dtype: torch.dtype
 ) -> dict[str, Any]:
     """Attack one seed of ``case``; the row of results."""
+    dtype = getattr(torch, case.dtype) if case.dtype else dtype
     view, images, noise_std = client_update(case, seed, data, norm, dtype)
+    # float64 arrays: as numpy code hands them over (the attack sees no tensor dtype).
+    arrays = {k: v.numpy() if case.arrays != "tensors" else v for k, v in view.items()}
     start = time.perf_counter()
     rec = reconstruct(
-        view["grad_weight"],
-        view["grad_bias"],
-        view["weight"],
-        view["bias"],
+        arrays["grad_weight"],
+        arrays["grad_bias"],
+        arrays["weight"],
+        arrays["bias"],
         batch_size=case.batch_size if case.knows_batch_size else None,
         noise_std=noise_std if (case.knows_noise and noise_std) else None,
-        next_layer=(view["next_grad_weight"], view["next_grad_bias"])
-        if "next_grad_weight" in view
+        next_layer=(arrays["next_grad_weight"], arrays["next_grad_bias"])
+        if "next_grad_weight" in arrays
         else None,
         config=case.attack.replace(seed=seed),
     )
@@ -140,7 +149,16 @@ def run_case(
         "depth": case.depth,
         "pretrain": asdict(case.pretrain),
         "defence": asdict(case.training),
+        "dtype": str(dtype).removeprefix("torch."),
+        "arrays": case.arrays,
+        "noise_told": case.knows_noise,
         "noise_std": noise_std,
+        # How far the spectrum's noise estimate is from the truth (None without either).
+        "noise_estimate_error": (
+            rec.noise_std_estimated / noise_std - 1
+            if noise_std and rec.noise_std_estimated is not None
+            else None
+        ),
         "seconds": seconds,
         **quality.summary(),
         "share_near_exact_true_scale": near_exact_at_true_scale(
@@ -183,6 +201,22 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "share_certified_samples": sum(r["attack"]["certified"] for r in rows) / samples,
         "share_exact_batches": float(np.mean([r["batch_exact"] for r in rows])),
+        "noise_told": all(r.get("noise_told", True) for r in rows),
+        "noise_added": any(r.get("noise_std") for r in rows),
+        "noise_std_estimated_mean": (
+            float(np.mean(fits))
+            if (fits := [f for r in rows if (f := r["attack"].get("noise_std_estimated"))])
+            else None
+        ),
+        # The spectrum's noise fit: its largest relative error (None where nothing was fitted),
+        # and the lowest confidence of the batch-size estimate.
+        "noise_estimate_error_max": max(
+            (abs(e) for r in rows if (e := r.get("noise_estimate_error")) is not None),
+            default=None,
+        ),
+        "batch_size_confidence_min": min(
+            float(r["attack"].get("batch_size_confidence", 1.0)) for r in rows
+        ),
         "batch_size_correct": float(
             np.mean([r["attack"]["batch_size"] == r["batch_size"] for r in rows])
         ),
@@ -206,12 +240,15 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         "share expected with every column exact and each scale fitted to the first layer's "
         "noisy bias gradient alone (`scale_bound`; - without noise), which one-step updates "
         "beat by using the next layer's too; batches = share of seeds whose whole batch is "
-        "exact.",
+        "exact; B_hat confidence: the lowest over seeds of the attack's confidence in its "
+        "batch-size estimate; noise: whether the attacker was told the DP noise level, and how far "
+        "its fit to the gradient's spectrum was at worst from the true per-entry std (without DP "
+        "noise: the mean std of the round-off bulk it fitted, if any).",
         "",
         "| case | seeds | PSNR mean | PSNR min | SSIM | exact | certified | near-exact | "
-        "at true scale | scale bound | batches exact | B_hat right | s mean | factorise / search "
-        "/ refine / select+solve s | paper |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "at true scale | scale bound | batches exact | B_hat right | B_hat confidence (min) | "
+        "noise | s mean | factorise / search / refine / select+solve s | paper |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         st = s["stage_seconds_mean"]
@@ -221,6 +258,14 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         )
         bound = s["near_exact_scale_bound_samples"]
         bound_text = "-" if bound is None else f"{100 * bound:.1f}%"
+        error = s.get("noise_estimate_error_max")
+        noise = "told" if s.get("noise_told", True) else "not told"
+        confidence = s.get("batch_size_confidence_min", 1.0)
+        if error is not None:
+            noise += f", fit within {100 * error:.2f}%"
+        if not s.get("noise_added", True):
+            fitted = s.get("noise_std_estimated_mean")
+            noise = "none added" + (f"; round-off bulk fitted, std {fitted:.2g}" if fitted else "")
         lines.append(
             f"| {s['case']} | {len(s['seeds'])} | {s['psnr_mean']:.1f} | {s['psnr_min']:.1f} | "
             f"{s['ssim_mean']:.3f} | {100 * s['share_exact_samples']:.1f}% | "
@@ -228,7 +273,8 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
             f"{100 * s['share_near_exact_samples']:.1f}% | "
             f"{100 * s['share_near_exact_true_scale_samples']:.1f}% | {bound_text} | "
             f"{100 * s['share_exact_batches']:.0f}% | "
-            f"{100 * s['batch_size_correct']:.0f}% | {s['seconds_mean']:.1f} | {stages} | "
+            f"{100 * s['batch_size_correct']:.0f}% | {confidence:.2f} | {noise} | "
+            f"{s['seconds_mean']:.1f} | {stages} | "
             f"{paper.get(s['case'], '')} |"
         )
     return "\n".join(lines) + "\n"

@@ -26,9 +26,17 @@ class AttackCase:
     seeds
         One batch, network and search per seed.
     knows_batch_size, knows_noise
-        What the client declared and the attacker may use.
+        What the client declared and the attacker may use (without the noise level, the attack
+        fits it to the gradient's spectrum).
     pretrain
         Training of the network before the client's round (none: at initialisation).
+    dtype
+        The client's precision (``None``: the bench's ``--dtype``).
+    arrays
+        How the update reaches the attack: ``tensors`` (as the client computed it, in its
+        dtype), ``float64`` (widened to float64 numpy arrays, as numpy code hands a float32
+        update over) or ``float64-diff`` ((sent - received) / lr computed in float64 from the
+        client's weights, as the audit does).
     paper
         The paper's figure for this row, for the side-by-side table ('' when none).
     """
@@ -43,7 +51,18 @@ class AttackCase:
     knows_batch_size: bool = False
     knows_noise: bool = True
     pretrain: Pretraining = field(default_factory=Pretraining)
+    dtype: str | None = None
+    arrays: str = "tensors"
     paper: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arrays not in ARRAYS:
+            raise ValueError(f"arrays={self.arrays!r}: allowed are {', '.join(ARRAYS)}")
+        if self.dtype not in (None, "float32", "float64"):
+            raise ValueError(f"dtype={self.dtype!r}: allowed are float32, float64 or None")
+
+
+ARRAYS = ("tensors", "float64", "float64-diff")
 
 
 _DP_SMALL = LocalTraining(defence="dp", lr=0.01, clip=2.0, noise_multiplier=1e-4)
@@ -171,6 +190,36 @@ TRAINED: tuple[AttackCase, ...] = (
     ),
 )
 
+
+def noise_blind(case: AttackCase) -> AttackCase:
+    """``case`` with the noise level not told to the attacker (it fits it to the spectrum)."""
+    return _with(case, name=case.name + " [noise not told]", knows_noise=False)
+
+
+# The must-show rows of the noise-blind issue: DP noise not told (the next layer's gradient given
+# as before), and a float32 client's update handed over as float64 arrays.
+_FLOAT32_FEDSGD = AttackCase("float32 FedSGD B=20 m=200", 20, 200, dtype="float32")
+NOISE_BLIND: tuple[AttackCase, ...] = (
+    noise_blind(_with(PAPER[10], seeds=tuple(range(10)))),
+    _with(PAPER[10], seeds=tuple(range(10))),
+    _with(
+        _FLOAT32_FEDSGD,
+        name=_FLOAT32_FEDSGD.name + " [float64 arrays]",
+        arrays="float64",
+        seeds=tuple(range(10)),
+    ),
+    _with(
+        _FLOAT32_FEDSGD,
+        name=_FLOAT32_FEDSGD.name + " [float64 difference]",
+        arrays="float64-diff",
+        seeds=tuple(range(10)),
+    ),
+    _with(
+        _FLOAT32_FEDSGD, name=_FLOAT32_FEDSGD.name + " [float32 tensors]", seeds=tuple(range(10))
+    ),
+    noise_blind(_with(PAPER[11], seeds=(0, 1, 2))),
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -184,4 +233,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "shallow": SHALLOW,
     "beyond": BEYOND,
     "trained": TRAINED,
+    "noise-blind": NOISE_BLIND,
 }

@@ -153,7 +153,9 @@ class AuditSpec:
     knows_batch_size
         The attacker may use the batch size the client declares (else it estimates it).
     knows_noise
-        The attacker may use the DP noise level the client declares.
+        The attacker may use the DP noise level the client declares (and the server's estimate
+        of the weights' rounding); else it is given no noise level and fits it to the gradient's
+        spectrum.
     knows_labels
         The inversion attack is told the batch's labels (else it recovers them from the
         head's gradient).
