@@ -230,16 +230,22 @@ def sign_search(
         K x B points, in search coordinates.
     """
     count = rows or null_step_rows(*geom.left.shape)
+    # The null steps run in the engine's coordinates (v = S q, rows of U): in these, a sample
+    # whose gradient is 1e-5 of the others' (well classified, on a trained network) is a
+    # near-null direction of every row block, which the smallest eigenvector then mixes in.
+    unit_rows = geom.left / geom.singular
     complement = None
     if deflation is not None and deflation.shape[1]:
         full = torch.linalg.svd(deflation, full_matrices=True)[0]
-        complement = full[:, deflation.shape[1] :]
+        complement = torch.linalg.qr(geom.singular[:, None] * full[:, deflation.shape[1] :]).Q
     fit_space = _input_space(geom, found)
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
         picked, use = _inactive_rows(geom.left, fit_space, q, count)
         deflate = complement if it < iterations - _FREE_ITERATIONS else None
-        q = _null_step(geom.left[picked], q, deflate, NULL_STEPS[null_step], use)
+        v = torch.nn.functional.normalize(q * geom.singular, dim=1)
+        v = _null_step(unit_rows[picked], v, deflate, NULL_STEPS[null_step], use)
+        q = torch.nn.functional.normalize(v / geom.singular, dim=1)
     return q
 
 
