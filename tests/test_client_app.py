@@ -103,9 +103,7 @@ def test_a_diverging_client_replies_failed_and_spends_no_privacy() -> None:
         }
     )
     state = RecordDict()
-    message = RecordDict(
-        {"arrays": _start(scenario), "config": ConfigRecord({SERVER_ROUND: 4})}
-    )
+    message = RecordDict({"arrays": _start(scenario), "config": ConfigRecord({SERVER_ROUND: 4})})
     reply = client_reply(scenario, message, 0, state)
     assert ARRAYS not in reply and reply[METRICS][NUM_EXAMPLES] == 0  # type: ignore[index]
     declared = reply[CLIENT]
