@@ -5,12 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# CIFAR-10's (3 x 32 x 32 images, 10 classes): the defaults of the benchmarks and tests; a
+# run's network takes both from its data (:meth:`fl_sim.config.schema.ModelSpec.build`).
 INPUT_DIM = 3 * 32 * 32
 NUM_CLASSES = 10
 
 
-def fc_relu_net(width: int = 200, depth: int = 6, input_dim: int = INPUT_DIM) -> nn.Sequential:
-    """``Flatten -> Linear(n, m) -> ReLU -> [Linear(m, m) -> ReLU] x (depth - 2) -> Linear(m, 10)``.
+def fc_relu_net(
+    width: int = 200, depth: int = 6, input_dim: int = INPUT_DIM, num_classes: int = NUM_CLASSES
+) -> nn.Sequential:
+    """``Flatten -> Linear(n, m) -> ReLU -> [Linear(m, m) -> ReLU] x (depth - 2) -> Linear(m, k)``
+    for n inputs and k classes.
 
     Depth 6 is the network of the SPEAR and SPEAR++ evaluations; depth 2 is one hidden layer.
     """
@@ -18,10 +23,12 @@ def fc_relu_net(width: int = 200, depth: int = 6, input_dim: int = INPUT_DIM) ->
         raise ValueError(f"depth={depth}: the network needs at least 2 linear layers")
     if width < 1:
         raise ValueError(f"width={width}: must be >= 1")
+    if num_classes < 2:
+        raise ValueError(f"num_classes={num_classes}: a classifier needs at least 2")
     layers: list[nn.Module] = [nn.Flatten(), nn.Linear(input_dim, width), nn.ReLU()]
     for _ in range(depth - 2):
         layers += [nn.Linear(width, width), nn.ReLU()]
-    layers.append(nn.Linear(width, NUM_CLASSES))
+    layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
 
 

@@ -89,8 +89,10 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     """Run ``scenario`` with Flower's Ray-backed simulation; returns the run directory.
 
     The directory holds ``scenario.json`` (the resolved config), ``data.json`` (which dataset
-    was actually used and its normalisation), ``rounds.jsonl``, ``clients.jsonl``,
-    ``audit.jsonl``, ``grids/``, ``plots/``, ``run.log``, ``accuracy.png`` and ``report.html``.
+    was actually used, its input shape, classes, value range and normalisation),
+    ``rounds.jsonl``, ``clients.jsonl``, ``audit.jsonl``, ``grids/`` (image grids, or
+    heat-maps of tabular records), ``plots/``, ``run.log``, ``accuracy.png`` and
+    ``report.html``.
 
     Raises
     ------
@@ -158,13 +160,18 @@ def _simulate(scenario: Scenario, run_dir: Path, interruption: Interruption) -> 
     from flwr.simulation import run_simulation
 
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+    described = data.description
     (run_dir / "data.json").write_text(
         json.dumps(
             {
                 "source": data.source,
                 "pool_size": len(data.labels),
                 "test_size": len(data.test),
-                "normalization": asdict(data.normalization),
+                "input_shape": list(described.input_shape),
+                "num_classes": described.num_classes,
+                "value_range": {"low": described.low, "high": described.high},
+                "feature_names": described.feature_names,
+                "normalization": asdict(described.normalization),
             },
             indent=2,
         )

@@ -12,7 +12,7 @@ from opacus.accountants import RDPAccountant
 from clients import PrivacyLedger
 from fl_sim.apps.client import client_reply, local_round
 from fl_sim.apps.server import initial_arrays
-from fl_sim.config import parse_scenario
+from fl_sim.config import Scenario, parse_scenario
 from fl_sim.data.federated import federated_data
 from strategies.reply import (
     ARRAYS,
@@ -44,9 +44,15 @@ SCENARIO = parse_scenario(
 )
 
 
+def _start(scenario: Scenario) -> ArrayRecord:
+    """The scenario's global model at round 0, shaped by its data."""
+    data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+    return initial_arrays(scenario, data.description)
+
+
 def _message(server_round: int) -> RecordDict:
     return RecordDict(
-        {"arrays": initial_arrays(SCENARIO), "config": ConfigRecord({"server-round": server_round})}
+        {"arrays": _start(SCENARIO), "config": ConfigRecord({"server-round": server_round})}
     )
 
 
@@ -62,7 +68,7 @@ def test_reply_carries_update_metrics_declaration_and_audit_ids() -> None:
     assert len(ids) == 12 and set(ids) <= set(data.partitions[1].tolist())  # type: ignore[arg-type]
     arrays = reply["arrays"]
     assert isinstance(arrays, ArrayRecord)
-    sent = initial_arrays(SCENARIO).to_torch_state_dict()
+    sent = _start(SCENARIO).to_torch_state_dict()
     got = arrays.to_torch_state_dict()
     assert not torch.equal(sent["1.weight"], got["1.weight"])
 
@@ -97,9 +103,7 @@ def test_a_diverging_client_replies_failed_and_spends_no_privacy() -> None:
         }
     )
     state = RecordDict()
-    message = RecordDict(
-        {"arrays": initial_arrays(scenario), "config": ConfigRecord({SERVER_ROUND: 4})}
-    )
+    message = RecordDict({"arrays": _start(scenario), "config": ConfigRecord({SERVER_ROUND: 4})})
     reply = client_reply(scenario, message, 0, state)
     assert ARRAYS not in reply and reply[METRICS][NUM_EXAMPLES] == 0  # type: ignore[index]
     declared = reply[CLIENT]

@@ -62,7 +62,10 @@ def test_frozen() -> None:
     [
         (["roundz=3"], "unknown key 'roundz'"),
         (["data.sorce=x"], "unknown key 'data.sorce'"),
-        (["data.source=imagenet"], "data.source = 'imagenet': allowed are auto, cifar10, photos"),
+        (
+            ["data.source=imagenet"],
+            "data.source = 'imagenet': allowed are auto, cifar10, photos, breast_cancer",
+        ),
         (["data.partition=skew"], "allowed are iid, dirichlet"),
         (["rounds=0"], "rounds = 0: must be >= 1"),
         (["rounds=1.5"], "rounds = 1.5: expected int"),

@@ -21,6 +21,7 @@ from flwr.clientapp import ClientApp
 from fl_sim.apps.client import client_reply
 from fl_sim.apps.server import initial_arrays
 from fl_sim.config import Scenario, parse_scenario
+from fl_sim.data.federated import federated_data
 from fl_sim.run import run_scenario
 from strategies.reply import ARRAYS
 
@@ -106,7 +107,8 @@ def test_a_round_without_any_usable_reply_keeps_the_global_model(tmp_path: Path)
     rounds = _rows(run_dir / "rounds.jsonl")
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert len({r["test_loss"] for r in rounds}) == 1  # the model never changed
-    start = initial_arrays(scenario).to_torch_state_dict()
+    described = federated_data(scenario.data, len(scenario.clients), scenario.seed).description
+    start = initial_arrays(scenario, described).to_torch_state_dict()
     end = torch.load(run_dir / "global_model.pt")
     assert all(torch.equal(start[k], end[k]) for k in start)
 

@@ -127,7 +127,7 @@ def local_round(
     picked = np.sort(np.random.default_rng(seed).choice(local, spec.batch_size, replace=False))
     x, y = data.tensors(picked)
     x = x.to(getattr(torch, scenario.model.dtype))
-    model = scenario.model.build()
+    model = scenario.model.build(data.description)
     model.load_state_dict(arrays.to_torch_state_dict())
     training = spec.training
     declared: dict[str, ConfigRecordValues] = {

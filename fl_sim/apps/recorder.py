@@ -56,7 +56,7 @@ class RunRecorder:
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Test loss and accuracy of the global model (round 0: before training)."""
-        model = self.scenario.model.build()
+        model = self.scenario.model.build(self.data.description)
         model.load_state_dict(arrays.to_torch_state_dict())
         with torch.no_grad():
             logits = model(self._x)

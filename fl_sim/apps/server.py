@@ -19,6 +19,7 @@ from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterru
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
+from fl_sim.data.description import DataDescription
 from fl_sim.model import array_keys, first_linear
 from strategies import FaultTolerant, HonestButCurious, LeftOut
 
@@ -27,10 +28,10 @@ log = logging.getLogger(__name__)
 MODEL_FILE = "global_model.pt"
 
 
-def initial_arrays(scenario: Scenario) -> ArrayRecord:
-    """The global model at round 0, seeded by the scenario."""
+def initial_arrays(scenario: Scenario, data: DataDescription) -> ArrayRecord:
+    """The global model at round 0 for inputs described by ``data``, seeded by the scenario."""
     torch.manual_seed(scenario.seed)
-    return ArrayRecord(scenario.model.build().state_dict())
+    return ArrayRecord(scenario.model.build(data).state_dict())
 
 
 def build_strategy(scenario: Scenario, recorder: RunRecorder) -> FedAvg:
@@ -45,10 +46,10 @@ def build_strategy(scenario: Scenario, recorder: RunRecorder) -> FedAvg:
     )
 
 
-def attacked_layer(scenario: Scenario) -> tuple[str, str]:
+def attacked_layer(scenario: Scenario, data: DataDescription) -> tuple[str, str]:
     """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks (and the one whose
     rank tells the optimisation attack the batch size)."""
-    name, _ = first_linear(scenario.model.build())
+    name, _ = first_linear(scenario.model.build(data))
     return array_keys(name)
 
 
@@ -81,15 +82,16 @@ def _federate(
         grid = InterruptibleGrid(grid, interruption)
     recorder = RunRecorder(scenario, run_dir)
     strategy: Strategy = build_strategy(scenario, recorder)
+    described = recorder.data.description
     auditor = None
     if scenario.audit.enabled:
-        layer = attacked_layer(scenario)
+        layer = attacked_layer(scenario, described)
         auditor = Auditor(
             scenario.audit,
             recorder.data,
             run_dir,
             scenario.seed,
-            architecture=scenario.model.build(),
+            architecture=scenario.model.build(described),
             layer=layer,
             cluster=scenario.cluster,
         )
@@ -102,7 +104,7 @@ def _federate(
 
     strategy = FaultTolerant(strategy, left_out)
     try:
-        start = initial_arrays(scenario)
+        start = initial_arrays(scenario, described)
         result = strategy.start(
             grid=grid,
             initial_arrays=start,

@@ -30,6 +30,7 @@ from attacks import ATTACKS, ServerView
 from fl_sim.apps.recorder import append_jsonl
 from fl_sim.audit.executors import WorkerJob, make_executor
 from fl_sim.audit.grid import save_grid
+from fl_sim.audit.heatmap import save_heatmap
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.metrics import match_and_score
 from fl_sim.audit.plans import PLANS, AttackRun, audit_runs, covers
@@ -390,18 +391,25 @@ class Auditor:
         if self.spec.knows_labels:
             labels = tuple(int(v) for v in self.data.labels[self._ids(update)])
         knowledge["labels"] = "told" if labels is not None else "recovered"
-        norm = self.data.normalization
-        bounds = (
-            tuple((0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)),
-            tuple((1 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)),
-        )
-        knowledge["bounds"] = "pixel range through the normalisation"
+        described = self.data.description
+        norm = described.normalization
+        bounds = None
+        # The attack registry shapes bounds per image channel (C x 1 x 1): a record's features
+        # would not broadcast, so tabular records go unbounded.
+        if described.is_image:
+            bounds = (
+                tuple((0 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)),
+                tuple((1 - m) / s for m, s in zip(norm.mean, norm.std, strict=True)),
+            )
+            knowledge["bounds"] = "pixel range through the normalisation"
+        else:
+            knowledge["bounds"] = "none (per-channel bounds are for images)"
         view = ServerView(
             {},
             {},
             self.layer,
             architecture=self.architecture,
-            input_shape=(3, 32, 32),
+            input_shape=described.input_shape,
             noise_std=(noise_std / steps) or None,
             labels=labels,
             bounds=bounds,
@@ -437,8 +445,11 @@ class Auditor:
         if out.error is not None or out.inputs is None:
             self._write({**record, "status": "refused", "reason": out.error}, run)
             return
-        truth = torch.from_numpy(self.data.images[ids]).permute(0, 3, 1, 2).double() / 255
-        rec = self.data.normalization.undo(torch.from_numpy(out.inputs).reshape(-1, 3, 32, 32))
+        described = self.data.description
+        truth = self.data.unit(ids)
+        rec = described.normalization.undo(
+            torch.from_numpy(out.inputs).reshape(-1, *described.input_shape)
+        )
         quality = match_and_score(rec, truth)
         summary = out.summary
         record |= {
@@ -474,7 +485,9 @@ class Auditor:
             matched[ok] = rec.numpy()[quality.match[ok]]
             # SPEAR++'s grids keep the names they had before there were other attacks.
             name = _name(base, ".png" if run == "spearpp" else f"-{run}.png")
-            save_grid(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
+            # Images side by side; tabular records as a heat-map of the B x n matrix.
+            save = save_grid if described.is_image else save_heatmap
+            save(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
             record["grid"] = f"{GRID_DIR}/{name}"
         self._write(record, run)
 

@@ -1,4 +1,9 @@
-"""Matching reconstructions to true samples, and per-sample and per-batch quality."""
+"""Matching reconstructions to true samples, and per-sample and per-batch quality.
+
+Samples are compared on their data's [0, 1] scale (:class:`fl_sim.data.description.
+DataDescription`): pixels / 255 for images, each feature min-max scaled over the dataset for
+tabular records. PSNR has peak 1 on both, so its dB read alike for an image and a record.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ NEAR_EXACT_DB = 40.0
 
 
 def psnr(reconstructed: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
-    """PSNR in dB per sample on [0, 1] pixels (peak 1), capped at ``PSNR_CAP``."""
+    """PSNR in dB per sample on the [0, 1] scale (peak 1), capped at ``PSNR_CAP``."""
     mse = (reconstructed - original).flatten(1).square().mean(dim=1)
     return (10 * torch.log10(1.0 / mse.clamp_min(10 ** (-PSNR_CAP / 10)))).clamp(max=PSNR_CAP)
 
@@ -30,14 +35,17 @@ class BatchQuality:
     ----------
     match
         For each true sample, the index of its reconstruction (-1: none left to match).
-    psnr, mse, ssim
-        Per true sample; an unmatched sample scores 0 dB, MSE of an all-zero image, SSIM 0.
+    psnr, mse
+        Per true sample; an unmatched sample scores 0 dB and the MSE of an all-zero sample.
+    ssim
+        Per true sample for images (0 when unmatched); ``None`` for tabular records, which
+        have no neighbouring pixels to compare structure over.
     """
 
     match: np.ndarray
     psnr: np.ndarray
     mse: np.ndarray
-    ssim: np.ndarray
+    ssim: np.ndarray | None
 
     @property
     def share_exact(self) -> float:
@@ -57,7 +65,7 @@ class BatchQuality:
             "psnr_mean": float(self.psnr.mean()),
             "psnr_min": float(self.psnr.min()),
             "mse_mean": float(self.mse.mean()),
-            "ssim_mean": float(self.ssim.mean()),
+            "ssim_mean": None if self.ssim is None else float(self.ssim.mean()),
             "share_exact": self.share_exact,
             "share_near_exact": self.share_near_exact,
             "batch_exact": bool(self.share_exact == 1.0),
@@ -65,14 +73,15 @@ class BatchQuality:
 
 
 def match_and_score(reconstructed: torch.Tensor, original: torch.Tensor) -> BatchQuality:
-    """Hungarian matching on MSE, then PSNR, MSE and SSIM per true sample.
+    """Hungarian matching on MSE, then PSNR, MSE and (images only) SSIM per true sample.
 
     Parameters
     ----------
     reconstructed
-        B_hat x 3 x 32 x 32 images on [0, 1] pixels (normalisation undone).
+        B_hat x sample shape on the [0, 1] scale (normalisation undone): images C x H x W,
+        tabular records n features.
     original
-        B x 3 x 32 x 32 true images on [0, 1] pixels.
+        B x sample shape, the true samples on the same scale.
     """
     rec = reconstructed.to(torch.float64).cpu()
     orig = original.to(torch.float64).cpu()
@@ -85,14 +94,16 @@ def match_and_score(reconstructed: torch.Tensor, original: torch.Tensor) -> Batc
     paired[torch.as_tensor(rows)] = rec[torch.as_tensor(cols)]
     mse = (paired - orig).flatten(1).square().mean(dim=1).numpy()
     scores = psnr(paired, orig).numpy()
-    ssim = np.zeros(b)
-    for i in rows:
-        ssim[i] = structural_similarity(
-            paired[i].permute(1, 2, 0).numpy(),
-            orig[i].permute(1, 2, 0).numpy(),
-            channel_axis=2,
-            data_range=1.0,
-        )
+    ssim = None
+    if orig.ndim == 4:  # images, B x C x H x W
+        ssim = np.zeros(b)
+        for i in rows:
+            ssim[i] = structural_similarity(
+                paired[i].permute(1, 2, 0).numpy(),
+                orig[i].permute(1, 2, 0).numpy(),
+                channel_axis=2,
+                data_range=1.0,
+            )
     unmatched = match < 0
     scores[unmatched] = 0.0
     return BatchQuality(match=match, psnr=scores, mse=mse, ssim=ssim)

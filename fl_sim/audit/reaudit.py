@@ -52,8 +52,8 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         data,
         run_dir,
         scenario.seed,
-        architecture=scenario.model.build(),
-        layer=attacked_layer(scenario),
+        architecture=scenario.model.build(data.description),
+        layer=attacked_layer(scenario, data.description),
         done=done,
         cluster=scenario.cluster,
     )

@@ -43,7 +43,7 @@ _CLIENT_KEYS: dict[str, type] = {
     "poisson": bool,
 }
 _CHOICES = {
-    "data.source": ("auto", "cifar10", "photos"),
+    "data.source": ("auto", "cifar10", "photos", "breast_cancer"),
     "data.partition": ("iid", "dirichlet"),
     "model.dtype": ("float64", "float32"),
     "defence": tuple(TRAINERS),

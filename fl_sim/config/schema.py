@@ -9,17 +9,19 @@ from torch import nn
 
 from clients import LocalTraining
 from fl_sim.config.cluster import ClusterSpec
+from fl_sim.data.description import DataDescription
 from fl_sim.model import fc_relu_net
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    """Where images come from and how they are split.
+    """Where the records come from and how they are split.
 
     Parameters
     ----------
     source
-        ``auto`` (CIFAR-10 if found, else the offline photographs), ``cifar10`` or ``photos``.
+        ``auto`` (CIFAR-10 if found, else the offline photographs), ``cifar10``, ``photos``
+        (images), or ``breast_cancer`` (scikit-learn's tabular medical records, 30 features).
     cifar10_dir
         Folder holding ``cifar-10-batches-py`` (or an .npz of images and labels).
     download
@@ -55,9 +57,11 @@ class ModelSpec:
     depth: int = 6
     dtype: str = "float64"
 
-    def build(self) -> nn.Sequential:
-        """A freshly initialised network of this shape and dtype."""
-        return fc_relu_net(self.width, self.depth).to(getattr(torch, self.dtype))
+    def build(self, data: DataDescription) -> nn.Sequential:
+        """A freshly initialised network of this shape and dtype for inputs described by
+        ``data`` (its input size and number of classes)."""
+        net = fc_relu_net(self.width, self.depth, data.input_dim, data.num_classes)
+        return net.to(getattr(torch, self.dtype))
 
 
 @dataclass(frozen=True)

@@ -12,50 +12,61 @@ import numpy as np
 import torch
 
 from fl_sim.config.schema import DataSpec
-from fl_sim.data.cifar10 import ImageSet, load_cifar10
-from fl_sim.data.normalize import Normalization
+from fl_sim.data.breast_cancer import load_breast_cancer_records
+from fl_sim.data.cifar10 import CLASSES, load_cifar10
+from fl_sim.data.description import DataDescription
+from fl_sim.data.normalize import Normalization, to_unit
 from fl_sim.data.partition import partition_dirichlet, partition_iid, split_holdout
 from fl_sim.data.photos import PHOTOS, load_photos
+from fl_sim.data.records import RecordSet
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class FederatedData:
-    """Images of the run, split into client partitions and a test set.
+    """Records of the run, split into client partitions and a test set.
 
     Attributes
     ----------
-    images, labels
-        The whole pool (uint8 N x 32 x 32 x 3, int64 N).
+    records, labels
+        The whole pool: raw records in the model's layout (uint8 N x 3 x 32 x 32 images,
+        float64 N x 30 breast-cancer records, ...), int64 labels.
     source
         What was actually used (recorded in every run).
     partitions
         Per client, indices into the pool.
     test
         Indices of the held-out test split.
-    normalization
-        Per-channel statistics of the training split, applied to every input.
+    description
+        The inputs' shape, number of classes, value range and normalisation.
     """
 
-    images: np.ndarray
+    records: np.ndarray
     labels: np.ndarray
     source: str
     partitions: tuple[np.ndarray, ...]
     test: np.ndarray
-    normalization: Normalization
+    description: DataDescription
 
     def tensors(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normalised float32 images (k x 3 x 32 x 32) and labels at ``index``."""
-        pixels = torch.from_numpy(self.images[index]).permute(0, 3, 1, 2).float() / 255
-        return self.normalization.apply(pixels), torch.from_numpy(self.labels[index])
+        """Normalised float32 inputs (k x sample shape) and labels at ``index``."""
+        return self.description.inputs(self.records[index]), torch.from_numpy(self.labels[index])
+
+    def unit(self, index: np.ndarray) -> torch.Tensor:
+        """The records at ``index`` on the [0, 1] scale, in float64: the judge's ground truth."""
+        return self.description.unit(self.records[index])
 
 
-def _pool(spec: DataSpec, needed: int, seed: int) -> ImageSet:
+def _pool(spec: DataSpec, needed: int, seed: int) -> RecordSet:
+    if spec.source == "breast_cancer":
+        return load_breast_cancer_records()
     if spec.source in ("auto", "cifar10"):
         where = Path(spec.cifar10_dir).expanduser()
         try:
-            return load_cifar10(where, "train", download=spec.download)
+            return RecordSet.from_images(
+                load_cifar10(where, "train", download=spec.download), len(CLASSES)
+            )
         except (FileNotFoundError, OSError) as err:
             if spec.source == "cifar10":
                 raise FileNotFoundError(
@@ -68,7 +79,17 @@ def _pool(spec: DataSpec, needed: int, seed: int) -> ImageSet:
                 where,
                 len(PHOTOS),
             )
-    return load_photos(math.ceil(needed / len(PHOTOS)), seed)
+    return RecordSet.from_images(load_photos(math.ceil(needed / len(PHOTOS)), seed), len(PHOTOS))
+
+
+def _normalization(pool: RecordSet, train: np.ndarray) -> Normalization:
+    """Mean and std per channel or feature of the training split on the [0, 1] scale."""
+    unit = to_unit(pool.records[train], pool.low, pool.high, torch.float64).numpy()
+    # One row per value, one column per channel or feature.
+    values = np.moveaxis(unit, 1, -1).reshape(-1, unit.shape[1])
+    return Normalization(
+        tuple(values.mean(0).tolist()), tuple(values.std(0).tolist()), ndim=unit.ndim - 1
+    )
 
 
 @lru_cache(maxsize=4)
@@ -83,13 +104,19 @@ def federated_data(spec: DataSpec, clients: int, seed: int) -> FederatedData:
         local = partition_dirichlet(
             pool.labels[train], clients, spec.samples_per_client, spec.alpha, seed
         )
-    pixels = pool.images[train].reshape(-1, 3).astype(np.float64) / 255
-    norm = Normalization(tuple(pixels.mean(0).tolist()), tuple(pixels.std(0).tolist()))
+    description = DataDescription(
+        input_shape=tuple(pool.records.shape[1:]),
+        num_classes=pool.num_classes,
+        low=pool.low,
+        high=pool.high,
+        normalization=_normalization(pool, train),
+        feature_names=pool.feature_names,
+    )
     return FederatedData(
-        images=pool.images,
+        records=pool.records,
         labels=pool.labels,
         source=pool.source,
         partitions=tuple(train[p] for p in local),
         test=test,
-        normalization=norm,
+        description=description,
     )

@@ -1,9 +1,11 @@
-"""Per-channel input normalisation, recorded so that the audit can undo it."""
+"""Per-channel (images) or per-feature (tabular records) input normalisation, recorded so that
+the audit can undo it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 # CIFAR-10 training-set channel statistics on [0, 1] pixels.
@@ -11,24 +13,47 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
+def per_entry(values: tuple[float, ...], like: torch.Tensor, ndim: int) -> torch.Tensor:
+    """``values``, one per entry of a sample's first axis, shaped to broadcast against a batch
+    ``like`` of samples with ``ndim`` dimensions each (C x 1 x 1 for images, n for records)."""
+    out = torch.tensor(values, dtype=like.dtype, device=like.device)
+    return out.reshape(-1, *([1] * (ndim - 1)))
+
+
+def to_unit(
+    records: np.ndarray, low: tuple[float, ...], high: tuple[float, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """Raw records (k x sample shape) on the [0, 1] scale of the value range ``low`` to
+    ``high`` (one per entry of a sample's first axis), as ``dtype``."""
+    x = torch.from_numpy(records).to(dtype)
+    ndim = records.ndim - 1
+    span = tuple(h - lo for lo, h in zip(low, high, strict=True))
+    return (x - per_entry(low, x, ndim)) / per_entry(span, x, ndim)
+
+
 @dataclass(frozen=True)
 class Normalization:
-    """x_normalised = (x - mean) / std per channel, on images of shape (..., C, H, W) in [0, 1]."""
+    """x_normalised = (x - mean) / std per entry of a sample's first axis, on samples given on
+    the data's [0, 1] scale.
+
+    Attributes
+    ----------
+    mean, std
+        One per channel (images) or feature (records).
+    ndim
+        Dimensions of one sample: 3 for C x H x W images, 1 for feature vectors.
+    """
 
     mean: tuple[float, ...] = CIFAR10_MEAN
     std: tuple[float, ...] = CIFAR10_STD
+    ndim: int = 3
 
-    def _stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = torch.tensor(self.mean, dtype=like.dtype, device=like.device)[:, None, None]
-        std = torch.tensor(self.std, dtype=like.dtype, device=like.device)[:, None, None]
-        return mean, std
+    def apply(self, samples: torch.Tensor) -> torch.Tensor:
+        """Normalise samples (..., *sample shape) given on [0, 1]."""
+        mean, std = (per_entry(v, samples, self.ndim) for v in (self.mean, self.std))
+        return (samples - mean) / std
 
-    def apply(self, images: torch.Tensor) -> torch.Tensor:
-        """Normalise images (..., C, H, W) given on [0, 1]."""
-        mean, std = self._stats(images)
-        return (images - mean) / std
-
-    def undo(self, images: torch.Tensor) -> torch.Tensor:
-        """Back to [0, 1] pixels (not clipped: exactness is measured on the raw values)."""
-        mean, std = self._stats(images)
-        return images * std + mean
+    def undo(self, samples: torch.Tensor) -> torch.Tensor:
+        """Back to the [0, 1] scale (not clipped: exactness is measured on the raw values)."""
+        mean, std = (per_entry(v, samples, self.ndim) for v in (self.mean, self.std))
+        return samples * std + mean

@@ -124,6 +124,16 @@ def planned_rounds(run_dir: Path) -> int | None:
     return int(rounds) if rounds is not None else None
 
 
+def _shape(data: dict[str, Any]) -> str:
+    """' (30 features, 2 classes)' or ' (3 x 32 x 32 images, 10 classes)', from ``data.json``
+    ('' for runs that predate the shape there)."""
+    shape, classes = data.get("input_shape"), data.get("num_classes")
+    if shape is None or classes is None:
+        return ""
+    what = f"{shape[0]} features" if len(shape) == 1 else " x ".join(map(str, shape)) + " images"
+    return f" ({what}, {classes} classes)"
+
+
 def _img(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
@@ -163,7 +173,8 @@ def build_report(run_dir: Path) -> Path:
         "text-align:right}img{max-width:100%}pre{background:#f6f6f6;padding:1em}</style>",
         "</head><body>",
         f"<h1>Leakage audit: {html.escape(run_dir.name)}</h1>",
-        f"<p>Data: {html.escape(str(data.get('source', 'unknown')))}. Rounds: {done}"
+        f"<p>Data: {html.escape(str(data.get('source', 'unknown')))}{_shape(data)}. "
+        f"Rounds: {done}"
         + (
             f" of {planned} (the run stopped early)"
             if planned is not None and done < planned
@@ -171,7 +182,9 @@ def build_report(run_dir: Path) -> Path:
         )
         + ". Final test accuracy: "
         f"{_fmt(rounds[-1]['test_accuracy'] if rounds else None, '{:.3f}')}. "
-        "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the client's batch "
+        "PSNR on the data's [0, 1] scale (pixels / 255; tabular features min-max scaled over "
+        "the dataset). Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the "
+        "client's batch "
         "(the judge's, from the ground truth); certified: the share the attack itself vouches "
         "for, without ground truth (columns: the samples' output gradients it verified).</p>",
         f"<h2>Summary per client</h2><pre>{html.escape(summary_table(records))}</pre>",
@@ -189,7 +202,7 @@ def build_report(run_dir: Path) -> Path:
     if inversion:
         parts.append(
             "<h2>Optimisation attack (gradient matching)</h2><p>PSNR per sample after "
-            "matching, on [0, 1] pixels; labels = share of batches whose label multiset was "
+            "matching, on the [0, 1] scale; labels = share of batches whose label multiset was "
             f"recovered right.</p><pre>{html.escape(inversion)}</pre>"
         )
     if exposure:
@@ -210,7 +223,7 @@ def build_report(run_dir: Path) -> Path:
         "<h2>Every reconstruction</h2><table><tr><th>round</th><th>client</th>"
         "<th>attack</th><th>defence</th><th>epsilon</th><th>status</th><th>B / B_hat</th>"
         "<th>PSNR mean</th><th>exact</th><th>columns / certified</th>"
-        "<th>originals (top) / reconstructions</th></tr>"
+        "<th>originals (top) / reconstructions (images, or heat-maps of the records)</th></tr>"
     )
     for r in sorted(records, key=lambda r: (r["round"], r["client"], record_run(r))):
         grid = run_dir / r["grid"] if r.get("grid") else None

@@ -92,15 +92,18 @@ def epsilon_vs_leakage(records: list[dict[str, Any]], path: Path) -> Path:
 
 
 def plot_accuracy(run_dir: Path) -> Path:
-    """``accuracy.png``: the global model's test accuracy and loss per round."""
+    """``accuracy.png``: the global model's test accuracy and loss per round, beside chance
+    (one over the classes ``data.json`` names; 10 for runs that predate it)."""
     rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    data = run_dir / "data.json"
+    classes = json.loads(data.read_text()).get("num_classes", 10) if data.is_file() else 10
     rounds = [r["round"] for r in rows]
     fig = Figure(figsize=(6, 3.5))
     acc_ax = fig.subplots()
     acc_ax.plot(rounds, [r["test_accuracy"] for r in rows], "o-", color="tab:blue")
     acc_ax.set_xlabel("round")
     acc_ax.set_ylabel("test accuracy", color="tab:blue")
-    acc_ax.axhline(0.1, color="gray", linestyle=":", label="chance (10 classes)")
+    acc_ax.axhline(1 / classes, color="gray", linestyle=":", label=f"chance ({classes} classes)")
     loss_ax = acc_ax.twinx()
     loss_ax.plot(rounds, [r["test_loss"] for r in rows], "s--", color="tab:red")
     loss_ax.set_ylabel("test loss", color="tab:red")
