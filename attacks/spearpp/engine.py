@@ -180,15 +180,8 @@ def _last_columns(
     # samples' inputs are poorly pinned.
     cloud = torch.randn(len(_LAST_SPREADS) * count, b, generator=generator, dtype=basis.dtype)
     spreads = torch.tensor(_LAST_SPREADS, dtype=basis.dtype).repeat_interleave(count)[:, None]
-    guesses = torch.cat(
-        [
-            complement.T,
-            guesses,
-            guesses.repeat(len(_LAST_SPREADS), 1)
-            + spreads.to(basis.device)
-            * torch.nn.functional.normalize(cloud, dim=1).to(basis.device),
-        ]
-    )
+    steps = (spreads * torch.nn.functional.normalize(cloud, dim=1)).to(basis.device)
+    guesses = torch.cat([complement.T, guesses, guesses.repeat(len(_LAST_SPREADS), 1) + steps])
     default = null_step_rows(m, b)
     counts = sorted({min(2 * b, default), default, (default + m // 2) // 2, m // 2})
     return torch.cat(
@@ -237,7 +230,7 @@ def _sign_rounds(
                 )
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
         rounds += 1
-        starts_run += int(starts.shape[0])
+        starts_run += int(points.shape[0])  # one point per start, the last columns' included
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
     return rounds, starts_run
 

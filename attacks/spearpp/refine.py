@@ -49,7 +49,10 @@ def zero_split(size: torch.Tensor, floor: int) -> tuple[torch.Tensor, torch.Tens
     """
     m = size.shape[1]
     lo = min(max(floor, m // 8), m // 2 - 1)
-    ordered = size.sort(dim=1).values
+    # Exact zeros (rows of neurons no sample activates) sort with the smallest nonzero sizes:
+    # their log would make a jump of its own.
+    smallest = size.masked_fill(size <= 0, torch.inf).amin(dim=1, keepdim=True)
+    ordered = torch.where(size <= 0, smallest, size).sort(dim=1).values
     logs = ordered.clamp_min(torch.finfo(size.dtype).tiny).log()
     jumps = logs[:, lo + 1 : m - lo] - logs[:, lo : m - lo - 1]
     best, where = jumps.max(dim=1)
@@ -295,7 +298,9 @@ def refine_kernel(
         # On trained networks many zero rows belong to neurons that only a few samples
         # activate, so a point's few smallest rows may not pin it; a converged point's whole
         # zero set (up to the jump in its sorted sizes) then does.
-        threshold, jumped = zero_split(size, b)
+        # Dead rows sort with the smallest (their gradient is zero in every direction), so
+        # they make no jump of their own.
+        threshold, jumped = zero_split(torch.where(dead, size.amin(dim=1, keepdim=True), size), b)
         redo = jumped & ~(pinned & one_column)
         if bool(redo.any()):
             below = (size[redo] < threshold[redo]).to(left.dtype)
