@@ -160,6 +160,7 @@ def _last_columns(
     config: SpearConfig,
     null_step: str,
     generator: torch.Generator,
+    engine_rows: bool,
 ) -> torch.Tensor:
     """Sign searches from the best guess of the few missing columns (search coordinates).
 
@@ -186,7 +187,9 @@ def _last_columns(
     counts = sorted({min(2 * b, default), default, (default + m // 2) // 2, m // 2})
     return torch.cat(
         [
-            sign_search(geom, guesses, None, config.sign_iterations, found, null_step, rows)
+            sign_search(
+                geom, guesses, None, config.sign_iterations, found, null_step, rows, engine_rows
+            )
             for rows in counts
         ]
     )
@@ -219,14 +222,22 @@ def _sign_rounds(
             widen = min(2**idle, _SIGN_WIDEN_MAX)
             starts = random_starts(config.sign_starts * widen, batch_size, generator)
             found = geom.to_search(pool.columns) if len(pool) else None
-            points = sign_search(geom, starts, basis, config.sign_iterations, found, null_step)
+            engine_rows = not harvest.rule.noise_std  # see sign_search
+            points = sign_search(
+                geom, starts, basis, config.sign_iterations, found, null_step, None, engine_rows
+            )
             if (
                 basis is not None
                 and found is not None
                 and _few_missing(config, batch_size, len(pool))
             ):
                 points = torch.cat(
-                    [points, _last_columns(geom, basis, found, config, null_step, generator)]
+                    [
+                        points,
+                        _last_columns(
+                            geom, basis, found, config, null_step, generator, engine_rows
+                        ),
+                    ]
                 )
         idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
         rounds += 1

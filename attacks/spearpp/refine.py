@@ -297,11 +297,12 @@ def refine_kernel(
         pinned, zero, one_column, bases = _check(left, v, s[:, -1], rows, rule)
         # On trained networks many zero rows belong to neurons that only a few samples
         # activate, so a point's few smallest rows may not pin it; a converged point's whole
-        # zero set (up to the jump in its sorted sizes) then does.
-        # Dead rows sort with the smallest (their gradient is zero in every direction), so
-        # they make no jump of their own.
+        # zero set (up to the jump in its sorted sizes) then does. Dead rows sort with the
+        # smallest (their gradient is zero in every direction), so they make no jump of their
+        # own. Under noise a jump does not mark a zero set (measured: mixes passed), so the
+        # pinned rows alone decide there.
         threshold, jumped = zero_split(torch.where(dead, size.amin(dim=1, keepdim=True), size), b)
-        redo = jumped & ~(pinned & one_column)
+        redo = jumped & ~(pinned & one_column) & (not rule.noise_std)
         if bool(redo.any()):
             below = (size[redo] < threshold[redo]).to(left.dtype)
             gram = torch.einsum("mb,cm,md->cbd", left, below, left)

@@ -201,6 +201,7 @@ def sign_search(
     found: torch.Tensor | None = None,
     null_step: str = "eigh",
     rows: int | None = None,
+    engine_rows: bool = True,
 ) -> torch.Tensor:
     """Iterate labels and null steps from ``starts`` (K x B, search coordinates).
 
@@ -223,6 +224,11 @@ def sign_search(
         Key of :data:`NULL_STEPS`: how each null step's eigenvector is found.
     rows
         Rows per null step (default: :func:`null_step_rows`).
+    engine_rows
+        Run the null steps on rows of U (the engine's coordinates) rather than of U S. Without
+        noise this keeps a sample whose gradient is 1e-5 of the others' (well classified, on a
+        trained network) from being a near-null direction of every row block; under noise it
+        would weight the noisiest directions most, so noisy gradients keep U S.
 
     Returns
     -------
@@ -230,22 +236,21 @@ def sign_search(
         K x B points, in search coordinates.
     """
     count = rows or null_step_rows(*geom.left.shape)
-    # The null steps run in the engine's coordinates (v = S q, rows of U): in these, a sample
-    # whose gradient is 1e-5 of the others' (well classified, on a trained network) is a
-    # near-null direction of every row block, which the smallest eigenvector then mixes in.
-    unit_rows = geom.left / geom.singular
+    # With engine rows the null steps solve for v = S q on rows of U.
+    scale = geom.singular if engine_rows else torch.ones_like(geom.singular)
+    step_rows = geom.left / scale
     complement = None
     if deflation is not None and deflation.shape[1]:
         full = torch.linalg.svd(deflation, full_matrices=True)[0]
-        complement = torch.linalg.qr(geom.singular[:, None] * full[:, deflation.shape[1] :]).Q
+        complement = torch.linalg.qr(scale[:, None] * full[:, deflation.shape[1] :]).Q
     fit_space = _input_space(geom, found)
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
         picked, use = _inactive_rows(geom.left, fit_space, q, count)
         deflate = complement if it < iterations - _FREE_ITERATIONS else None
-        v = torch.nn.functional.normalize(q * geom.singular, dim=1)
-        v = _null_step(unit_rows[picked], v, deflate, NULL_STEPS[null_step], use)
-        q = torch.nn.functional.normalize(v / geom.singular, dim=1)
+        v = torch.nn.functional.normalize(q * scale, dim=1)
+        v = _null_step(step_rows[picked], v, deflate, NULL_STEPS[null_step], use)
+        q = torch.nn.functional.normalize(v / scale, dim=1)
     return q
 
 
