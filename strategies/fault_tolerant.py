@@ -11,13 +11,14 @@ from flwr.serverapp.strategy import Strategy
 
 from strategies.reply import AUDIT, CLIENT, PARTITION_ID
 from strategies.screening import LeftOut, SentShapes, record_of, screen
+from strategies.wrapper import StrategyWrapper
 
 log = logging.getLogger(__name__)
 
 FaultSink = Callable[[LeftOut], None]
 
 
-class FaultTolerant(Strategy):
+class FaultTolerant(StrategyWrapper):
     """Wrap ``strategy`` so that no client can stop the run or poison the global model.
 
     Every training reply is screened (:func:`strategies.screening.screen`): Flower's error
@@ -101,18 +102,6 @@ class FaultTolerant(Strategy):
             )
             return None, None
         return self.strategy.aggregate_train(server_round, keep)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Delegate."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Delegate (FedAvg leaves Flower's error replies out itself)."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
         """Delegate, saying that replies are screened."""

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.interception import InterceptedUpdate, declared, intercept
+from strategies.wrapper import StrategyWrapper
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ UpdateSink = Callable[[InterceptedUpdate], None]
 KeepWhole = Callable[[int, Mapping[str, Any]], bool]
 
 
-class HonestButCurious(Strategy):
+class HonestButCurious(StrategyWrapper):
     """Wrap ``strategy``: same messages out, same aggregation in, every reply seen first.
 
     Like Flower's DP wrappers it remembers the global arrays in :meth:`configure_train`, reads
@@ -110,18 +111,6 @@ class HonestButCurious(Strategy):
         if not keep:  # every client failed: the global model stays, the run goes on
             return None, None
         return self.strategy.aggregate_train(server_round, keep)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Delegate."""
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Delegate."""
-        return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
         """Delegate, saying that replies are intercepted."""
