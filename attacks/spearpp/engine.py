@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from attacks.result import Reconstruction, Status
+from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
@@ -195,6 +196,23 @@ def _last_columns(
     )
 
 
+def _complement_round(
+    harvest: _Harvester, geom: SignGeometry, generator: torch.Generator, null_step: str
+) -> int:
+    """Propose the candidates of :func:`complement_columns` from the pool's columns; the
+    number of new columns."""
+    with harvest.clock.stage("search"):
+        points = complement_columns(
+            geom,
+            geom.to_search(harvest.pool.columns),
+            harvest.rule,
+            generator,
+            null_step,
+            engine_rows=not harvest.rule.noise_std,  # see sign_search
+        )
+    return harvest.propose(points)
+
+
 def _sign_rounds(
     harvest: _Harvester,
     geom: SignGeometry,
@@ -239,7 +257,12 @@ def _sign_rounds(
                         ),
                     ]
                 )
-        idle = 0 if harvest.propose(geom.to_engine(points)) else idle + 1
+        grew = harvest.propose(geom.to_engine(points))
+        # A round that found nothing, or few columns missing: the complement of the found ones
+        # holds the missing samples' inputs (see complement_columns).
+        if len(pool) and (not grew or _few_missing(config, batch_size, len(pool))):
+            grew += _complement_round(harvest, geom, generator, null_step)
+        idle = 0 if grew else idle + 1
         rounds += 1
         starts_run += int(points.shape[0])  # one point per start, the last columns' included
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
@@ -316,6 +339,7 @@ def run_spearpp(
         return budget is not None and time.perf_counter() - started > budget
 
     sign_rounds = sign_starts = 0
+    geom: SignGeometry | None = None
     if config.search == "signs":
         with clock.stage("search"):
             geom = SignGeometry.build(left, fac.right, obs.weight)
@@ -354,6 +378,8 @@ def run_spearpp(
                 break
         if _few_missing(config, b, len(pool)):
             _deflate(harvest, b, generator)
+            if geom is not None:
+                _complement_round(harvest, geom, generator, null_step)
         log.info(
             "SPEAR++ pass %d/%d: %d of %d columns verified (%d starts, %.1f s)",
             passes,

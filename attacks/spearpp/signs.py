@@ -38,9 +38,7 @@ import torch
 
 from attacks.spearpp.refine import zero_split
 
-# Rows handed to the null step: this share of the rows labelled inactive, at least this many
-# per column of Q.
-_ROW_SHARE = 0.6
+# Rows handed to the null step: at least this many per column of Q.
 _ROWS_PER_COLUMN = 3
 _IRLS_STEPS = 3
 # Final iterations without deflation.

@@ -1,0 +1,112 @@
+"""The last few columns from the inputs they must have.
+
+With F columns of Q found, P Q = I puts every missing sample's input coordinates in the
+orthogonal complement of the found columns (search coordinates), an exact M = B - F
+dimensional space. A direction p there near a missing sample's input makes its pre-activation
+A p most negative on neurons that sample leaves inactive: the null direction of those rows is
+its column. For small M a few thousand directions cover the complement, and no estimate of the
+found samples' inputs is needed.
+
+This finds columns the sign search cannot reach: on trained networks well-classified samples
+have gradients 1e-4 to 1e-6 of the others', and their basins in the search's coordinates are
+narrower than a degree (the quickstart's FedSGD client after 75 to 100 rounds, where the search
+stalled at 14 to 19 of 20 columns).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attacks.spearpp.refine import ZeroRule, pin_rows, zero_mask
+from attacks.spearpp.signs import NULL_STEPS, SignGeometry, null_step_rows
+
+# Directions tried per dimension of the complement (two, +-p, when one column is missing),
+# within a budget of null-step work (multiply-adds of the rows' Gram matrices) per call.
+_DIRECTIONS_PER_DIM = 200
+_WORK_BUDGET = 2e9
+# Candidates kept per dimension of the complement, the sparsest distinct ones: refining every
+# candidate would cost more than finding them.
+_KEPT_PER_DIM = 4
+_KEPT_MIN = 8
+# Directions this close are the same column.
+_SAME_COSINE = 1 - 1e-6
+
+
+def _gram(rows: torch.Tensor) -> torch.Tensor:
+    gram: torch.Tensor = rows.transpose(1, 2) @ rows
+    return gram
+
+
+def complement_columns(
+    geom: SignGeometry,
+    found: torch.Tensor,
+    rule: ZeroRule,
+    generator: torch.Generator,
+    null_step: str,
+    engine_rows: bool,
+) -> torch.Tensor:
+    """Candidate missing columns (engine coordinates, unit rows) from the complement of the
+    ``found`` ones (F x B, search coordinates), sparsest first.
+
+    Parameters
+    ----------
+    geom
+        The factorisation's two views.
+    found
+        The found columns, search coordinates.
+    rule
+        When an entry of U q counts as zero (the candidates are ranked by their zeros).
+    generator
+        Draws the directions in the complement.
+    null_step
+        Key of :data:`attacks.spearpp.signs.NULL_STEPS`.
+    engine_rows
+        Null steps on rows of U (no noise) rather than U S (see
+        :func:`attacks.spearpp.signs.sign_search`).
+
+    Returns
+    -------
+    torch.Tensor
+        max(8, 4 M) distinct candidates, sparsest first, for the harvester to refine and
+        certify.
+    """
+    m, b = geom.left.shape
+    complement = torch.linalg.svd(found.T, full_matrices=True)[0][:, found.shape[0] :]
+    dim = complement.shape[1]
+    if not dim:
+        return found.new_zeros(0, b)
+    counts = sorted({min(k, m) for k in (pin_rows(b), 2 * b, null_step_rows(m, b))})
+    if dim == 1:
+        mixes = torch.tensor([[1.0], [-1.0]], dtype=found.dtype)
+    else:
+        affordable = int(_WORK_BUDGET / (sum(counts) * b * b))
+        many = max(2 * dim, min(_DIRECTIONS_PER_DIM * dim, affordable))
+        draws = torch.randn(many, dim, generator=generator, dtype=found.dtype)
+        mixes = torch.nn.functional.normalize(draws, dim=1)
+    directions = mixes.to(found.device) @ complement.T
+    # Pre-activations of each direction, the bias left out: its deepest rows are inactive for
+    # the missing sample whose input it is near.
+    order = (directions @ geom.pre.T).argsort(dim=1)
+    scale = geom.singular if engine_rows else torch.ones_like(geom.singular)
+    rows = geom.left / scale
+    start = torch.nn.functional.normalize(torch.ones_like(directions), dim=1)
+    smallest = NULL_STEPS[null_step]
+    # One null step, no reweighting: a direction near a sample's input picks its true zeros.
+    solved = torch.cat([smallest(_gram(rows[order[:, :k]]), start) for k in counts])
+    # On rows of U the null direction is S q, an engine direction already.
+    points = torch.nn.functional.normalize(solved * (1 if engine_rows else scale), dim=1)
+    engine_left = geom.left / geom.singular
+    # A direction's deepest rows are often a found sample's zeros too, and then their null
+    # space holds its column or mixes of it: a true column has its sample's whole zero set.
+    zeros = zero_mask(engine_left, points, rule).sum(dim=1).to(points.dtype)
+    known = (points @ geom.to_engine(found).T).abs().amax(dim=1) > _SAME_COSINE
+    score = zeros.masked_fill(known, -torch.inf)
+    # The same column comes back from many directions: take the sparsest, drop its copies,
+    # and again.
+    picked = []
+    for _ in range(max(_KEPT_MIN, _KEPT_PER_DIM * dim)):
+        best = points[score.argmax()]
+        picked.append(best)
+        score = score.masked_fill((points @ best).abs() > _SAME_COSINE, -torch.inf)
+    # (Copies of found columns, picked only when nothing else is left, the pool drops.)
+    return torch.stack(picked)

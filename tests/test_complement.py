@@ -1,0 +1,82 @@
+"""The last columns from the complement of the found ones: exact where the sign search's basins
+are too narrow to reach."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks.spearpp.complement import complement_columns
+from attacks.spearpp.factor import factorise
+from attacks.spearpp.refine import ZeroRule
+from attacks.spearpp.signs import SignGeometry
+from tests.helpers import observation
+
+
+def _setting(
+    b: int, width: int, seed: int, depth: int = 6
+) -> tuple[SignGeometry, torch.Tensor, ZeroRule, torch.Tensor]:
+    """Geometry, true columns (search coordinates, unit rows), the zero rule and the samples'
+    output gradients of a FedSGD batch."""
+    view, _x, out_grads = observation(b, width, seed, depth)
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=None,
+        noise_std=None,
+        precision=1e-15,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
+    truth = torch.linalg.lstsq(geom.left, out_grads.T).solution.T
+    rule = ZeroRule(relative=1e-13, noise_std=0.0, inverse_singular=1.0 / fac.singular_values[:b])
+    return geom, torch.nn.functional.normalize(truth, dim=1), rule, out_grads
+
+
+def _recover(
+    geom: SignGeometry, truth: torch.Tensor, rule: ZeroRule, missing: list[int], rounds: int
+) -> set[int]:
+    """Rounds of candidates, each exact one joining the found columns, as in the engine."""
+    found = [k for k in range(len(truth)) if k not in missing]
+    engine_truth = geom.to_engine(truth)
+    generator = torch.Generator().manual_seed(0)
+    recovered: set[int] = set()
+    for _ in range(rounds):
+        if len(found) == len(truth):
+            break
+        points = complement_columns(geom, truth[found], rule, generator, "eigh", True)
+        cos = (points @ engine_truth.T).abs()
+        new = {int(k) for k in (cos > 1 - 1e-9).any(dim=0).nonzero().flatten()} - set(found)
+        if not new:
+            break
+        recovered |= new
+        found += sorted(new)
+    return recovered
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_missing_columns_come_back_exactly(seed: int, count: int) -> None:
+    geom, truth, rule, _ = _setting(20, 200, seed)
+    missing = torch.randperm(20, generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    assert _recover(geom, truth, rule, missing, rounds=count + 2) == set(missing)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_most_similar_columns_come_back(seed: int) -> None:
+    # Depth 2: the two most similar columns (same-label samples), whose mixes are nearly as
+    # sparse as they are.
+    geom, truth, rule, out_grads = _setting(24, 300, seed, depth=2)
+    similar = torch.nn.functional.cosine_similarity(out_grads[:, None, :], out_grads[None], dim=-1)
+    missing = list(divmod(int(similar.abs().fill_diagonal_(0).argmax()), 24))
+    assert _recover(geom, truth, rule, missing, rounds=4) == set(missing)
+
+
+def test_candidates_are_distinct_and_never_a_found_column_while_others_are_left() -> None:
+    geom, truth, rule, _ = _setting(20, 200, 0)
+    found = truth[:15]
+    points = complement_columns(geom, found, rule, torch.Generator().manual_seed(0), "eigh", True)
+    assert points.shape == (max(8, 4 * 5), 20)
+    assert torch.allclose(points.norm(dim=1), torch.ones(len(points), dtype=torch.float64))
+    same = (points @ points.T).abs().fill_diagonal_(0)
+    assert same.max() < 1 - 1e-6
+    assert (points @ geom.to_engine(found).T).abs().max() < 1 - 1e-6
