@@ -42,7 +42,7 @@ def inversion_config(spec: AuditSpec, loss: str, seed: int) -> InversionConfig:
         lr=inv.lr,
         tv=inv.tv,
         signed=inv.signed,
-        dtype=inv.dtype,  # type: ignore[arg-type]
+        dtype=inv.dtype,
         device=inv.device,
         seed=seed,
     )
