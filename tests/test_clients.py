@@ -155,5 +155,10 @@ def test_a_blown_up_loss_is_divergence_when_asked() -> None:
         train_locally(net, x, y, cfg, torch.Generator().manual_seed(0), training.DIVERGENCE_FACTOR)
     net, x, y = _setup(6)  # ordinary training stays well within the limit
     train_locally(
-        net, x, y, training_settings("fedsgd", lr=0.1), torch.Generator(), training.DIVERGENCE_FACTOR
+        net,
+        x,
+        y,
+        training_settings("fedsgd", lr=0.1),
+        torch.Generator(),
+        training.DIVERGENCE_FACTOR,
     )
