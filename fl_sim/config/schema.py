@@ -14,7 +14,7 @@ from pydantic import Field, SerializeAsAny, field_validator, model_validator
 from torch import nn
 
 from attacks import ATTACKS
-from attacks.inversion import LOSSES
+from attacks.inversion import LOSSES, InversionConfig, InversionSettings
 from clients.defences import DefenceSettings, TrainingSettings
 from clients.settings import Bool, Int, Real, Settings, Str
 from fl_sim.config.cluster import ClusterSpec, CpuAmount, GpuAmount
@@ -135,7 +135,7 @@ class AttackTargets(Settings):
         )
 
 
-class InversionSpec(Settings):
+class InversionSpec(Settings, InversionSettings):
     """Where and how the optimisation-based attack runs (``[audit.inversion]``).
 
     Parameters
@@ -145,31 +145,23 @@ class InversionSpec(Settings):
     losses
         Gradient distances, one attack per loss: ``cosine`` and/or ``l2``.
     restarts, iterations, lr, tv, signed, dtype, device
-        As in :class:`attacks.InversionConfig`.
+        How it optimises: :class:`attacks.inversion.InversionSettings`, declared there.
     """
 
+    model_config = Settings.model_config
     rounds: Ids = ()
     clients: Ids = ()
     losses: Names = ("cosine",)
-    restarts: AtLeastOne = 2
-    iterations: AtLeastOne = 1000
-    lr: Positive = 0.1
-    tv: Annotated[Real, Field(ge=0)] = 1e-4
-    signed: Bool = True
-    dtype: Literal["float32", "float64"] = "float32"
-    device: Str = "auto"
 
     @field_validator("losses")
     @classmethod
     def _losses(cls, losses: tuple[str, ...]) -> tuple[str, ...]:
         return _distinct(losses, LOSSES)
 
-    @field_validator("device")
-    @classmethod
-    def _device(cls, device: str) -> str:
-        if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
-            raise ValueError("allowed are auto, cpu, cuda, cuda:N")
-        return device
+    def config(self, loss: str, seed: int) -> InversionConfig:
+        """The attack's settings for one run: this table's, with its loss and seed."""
+        shared = self.model_dump(include=set(InversionSettings.model_fields))
+        return InversionConfig.model_validate({**shared, "loss": loss, "seed": seed})
 
     @property
     def targets(self) -> AttackTargets:
