@@ -1,4 +1,5 @@
-"""The ClientApp: each simulated client trains with its own defence and replies with its update.
+"""The ClientApp: each simulated client trains with its own training defence and replies with
+its update, which its update mods (:class:`DefenceMods`) then transform, in their order.
 
 A reply holds the updated weights (``arrays``), ``num-examples`` and the training loss
 (``metrics``, averaged by FedAvg), the client's declared settings, status and epsilon
