@@ -41,15 +41,15 @@ KEYS = ("1.weight", "1.bias")
 pytestmark = pytest.mark.usefixtures("flower_identity")
 
 
-def _arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
+def arrays_of(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"1.weight": rng.standard_normal((6, 5)), "1.bias": rng.standard_normal(6)}
 
 
-def _context() -> Context:
+def fresh_context() -> Context:
     return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
 
 
-def _reply_through(
+def reply_through(
     mod: Any,
     sent: dict[str, np.ndarray],
     received: dict[str, np.ndarray] | None,
@@ -74,10 +74,10 @@ def _reply_through(
             content[ARRAYS] = ArrayRecord({k: Array(v.copy()) for k, v in received.items()})
         return Message(content, reply_to=m)
 
-    return mod(msg, context or _context(), handler)  # type: ignore[no-any-return]
+    return mod(msg, context or fresh_context(), handler)  # type: ignore[no-any-return]
 
 
-def _update(reply: Message, sent: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def update_of(reply: Message, sent: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     arrays = reply.content[ARRAYS]
     assert isinstance(arrays, ArrayRecord)
     return {k: arrays[k].numpy() - sent[k] for k in sent}
@@ -97,7 +97,7 @@ def test_every_registered_defence_has_settings_a_declaration_and_a_knowledge_rul
         settings.defence_setting = 1  # type: ignore[attr-defined]
     assert settings.model_dump()["defence"] == name
     rng = np.random.default_rng(0)
-    sent = _arrays(rng)
+    sent = arrays_of(rng)
     if isinstance(defence, TrainingDefence):
         declared: dict[str, Any] = {DEFENCE: name, LR: 0.1, STEPS: 1}
         declared |= defence.declare(settings, 10)
@@ -105,7 +105,7 @@ def test_every_registered_defence_has_settings_a_declaration_and_a_knowledge_rul
     else:
         assert isinstance(defence, UpdateMod)
         received = {k: v + 0.01 * rng.standard_normal(v.shape) for k, v in sent.items()}
-        reply = _reply_through(defence.mod(settings, seed=3), sent, received)
+        reply = reply_through(defence.mod(settings, seed=3), sent, received)
         record = reply.content[CLIENT]
         assert isinstance(record, ConfigRecord) and record[UPDATE_MODS] == [name]
         declared = dict(record)
@@ -130,10 +130,10 @@ def test_update_mods_apply_in_their_declared_order() -> None:
 
 
 def test_failed_replies_pass_every_mod_untouched() -> None:
-    sent = _arrays(np.random.default_rng(1))
+    sent = arrays_of(np.random.default_rng(1))
     for mod in update_mods().values():
-        context = _context()
-        reply = _reply_through(mod.mod(mod.Settings(), seed=0), sent, None, context)
+        context = fresh_context()
+        reply = reply_through(mod.mod(mod.Settings(), seed=0), sent, None, context)
         assert ARRAYS not in reply.content and UPDATE_MODS not in reply.content[CLIENT]  # type: ignore[operator]
         assert not context.state  # nothing released, nothing spent
 
@@ -155,14 +155,14 @@ def test_quantize_is_unbiased_and_on_its_levels(bits: int) -> None:
 
 def test_quantize_mod_and_the_noise_it_discloses() -> None:
     rng = np.random.default_rng(4)
-    sent = _arrays(rng)
+    sent = arrays_of(rng)
     # A uniform update: its entries sit at uniform places between levels.
     received = {k: v + rng.uniform(-1, 1, v.shape) for k, v in sent.items()}
     settings = QuantizeSettings(bits=3)
     errors = []
     for seed in range(300):
-        reply = _reply_through(Quantize().mod(settings, seed), sent, received)
-        update = _update(reply, sent)
+        reply = reply_through(Quantize().mod(settings, seed), sent, received)
+        update = update_of(reply, sent)
         truth = received["1.weight"] - sent["1.weight"]
         errors.append(update["1.weight"] - truth)
     record = reply.content[CLIENT]
@@ -175,21 +175,21 @@ def test_quantize_mod_and_the_noise_it_discloses() -> None:
 
 def test_local_dp_is_flowers_mod_seeded_and_composed_across_rounds() -> None:
     rng = np.random.default_rng(5)
-    sent = _arrays(rng)
+    sent = arrays_of(rng)
     received = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in sent.items()}
     settings = LocalDpSettings(clipping_norm=0.5, sensitivity=0.1, epsilon=0.8, delta=1e-4)
-    context = _context()
-    ours = _reply_through(LocalDp().mod(settings, seed=7), sent, received, context)
+    context = fresh_context()
+    ours = reply_through(LocalDp().mod(settings, seed=7), sent, received, context)
     with seeded_numpy(7 + LocalDp.order):
         flower = LocalDpMod(0.5, 0.1, 0.8, 1e-4)
-        theirs = _reply_through(flower, sent, received)
-    got, want = _update(ours, sent), _update(theirs, sent)
+        theirs = reply_through(flower, sent, received)
+    got, want = update_of(ours, sent), update_of(theirs, sent)
     assert all(np.array_equal(got[k], want[k]) for k in KEYS)
     record = ours.content[CLIENT]
     assert isinstance(record, ConfigRecord)
     assert record[EPSILON] == pytest.approx(0.8) and record[UPDATE_MODS] == ["local_dp"]
     for _ in range(2):  # two more rounds: basic composition
-        record = _reply_through(LocalDp().mod(settings, 8), sent, received, context).content[CLIENT]  # type: ignore[assignment]
+        record = reply_through(LocalDp().mod(settings, 8), sent, received, context).content[CLIENT]  # type: ignore[assignment]
     assert isinstance(record, ConfigRecord)
     assert record["local-dp-epsilon-total"] == pytest.approx(3 * 0.8)
     assert record["local-dp-delta-total"] == pytest.approx(3e-4)
@@ -201,8 +201,8 @@ def test_local_dp_noise_has_the_std_its_knowledge_rule_gives() -> None:
     settings = LocalDpSettings(clipping_norm=1.0, sensitivity=0.01, epsilon=0.5, delta=1e-5)
     # An update far below the noise (Flower's clipping divides by the update's norm: never 0).
     tiny = {k: v + 1e-12 for k, v in sent.items()}
-    reply = _reply_through(LocalDp().mod(settings, seed=1), sent, tiny)
-    noise = _update(reply, sent)["1.weight"]
+    reply = reply_through(LocalDp().mod(settings, seed=1), sent, tiny)
+    noise = update_of(reply, sent)["1.weight"]
     expected = 0.01 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5
     assert gaussian_std(0.01, 0.5, 1e-5) == pytest.approx(expected)
     assert float(noise.std()) == pytest.approx(expected, rel=0.03)
