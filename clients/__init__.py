@@ -1,19 +1,15 @@
-"""The world's clients: local training procedures, registered by defence name."""
+"""The world's clients: their defences (:mod:`clients.defences`, a registry of training
+procedures and update mods) and what local training shares (:mod:`clients.training`)."""
 
+from clients.defences import TrainingSettings, train_locally, training_settings
 from clients.privacy import PrivacyLedger
-from clients.training import (
-    TRAINERS,
-    DivergenceError,
-    LocalTraining,
-    TrainResult,
-    train_locally,
-)
+from clients.training import DivergenceError, TrainResult
 
 __all__ = [
-    "TRAINERS",
     "DivergenceError",
-    "LocalTraining",
     "PrivacyLedger",
     "TrainResult",
+    "TrainingSettings",
     "train_locally",
+    "training_settings",
 ]

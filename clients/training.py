@@ -1,17 +1,15 @@
-"""Local training by defence: ``fedsgd`` (one step), ``fedavg`` (E epochs of mini-batch SGD) and
-``dp`` (DP-SGD through Opacus, with fedavg's epochs and mini-batches).
+"""What every local training procedure shares: index batches, SGD steps (DP-SGD's in chunks of
+per-sample gradients), what a round reports (:class:`TrainResult`) and when training diverged.
 
-Each procedure trains a model in place and reports what the server will see in the update.
+The procedures themselves are training defences, one module each in :mod:`clients.defences`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
 from torch import nn
 
@@ -29,56 +27,6 @@ DIVERGENCE_FACTOR = 1e3
 class DivergenceError(ArithmeticError):
     """Local training left the model unusable: a non-finite loss or weight, or a loss that
     blew up. The client reports it instead of sending the update."""
-
-
-@dataclass(frozen=True)
-class LocalTraining:
-    """A client's training settings.
-
-    Parameters
-    ----------
-    defence
-        ``fedsgd``, ``fedavg`` or ``dp``.
-    lr
-        Learning rate of local SGD.
-    epochs
-        Local epochs (``fedsgd``: 1).
-    mini_batch
-        Mini-batch size (``fedsgd``: the whole batch; ``None``: the whole batch).
-    clip
-        DP-SGD per-sample clip norm C.
-    noise_multiplier
-        DP-SGD noise multiplier sigma (noise std sigma * C on the summed gradient).
-    poisson
-        DP-SGD with Poisson sampling: each step takes every sample with probability
-        mini_batch / B (random batch sizes, empty batches skipped), as the RDP accountant assumes;
-        otherwise shuffled fixed-size mini-batches.
-    """
-
-    defence: str = "fedsgd"
-    lr: float = 0.01
-    epochs: int = 1
-    mini_batch: int | None = None
-    clip: float = 1.0
-    noise_multiplier: float = 0.0
-    poisson: bool = False
-
-    def __post_init__(self) -> None:
-        if self.defence not in TRAINERS:
-            raise ValueError(f"defence={self.defence!r}: allowed are {', '.join(TRAINERS)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr!r}: must be > 0")
-        if self.epochs < 1:
-            raise ValueError(f"epochs={self.epochs!r}: must be >= 1")
-        if self.defence == "fedsgd" and (self.epochs != 1 or self.mini_batch is not None):
-            raise ValueError("defence='fedsgd' takes one full-batch step: no epochs or mini_batch")
-        if self.mini_batch is not None and self.mini_batch < 1:
-            raise ValueError(f"mini_batch={self.mini_batch!r}: must be >= 1")
-        if self.clip <= 0 or self.noise_multiplier < 0:
-            raise ValueError(
-                f"clip={self.clip!r}, noise_multiplier={self.noise_multiplier!r}: "
-                "need clip > 0 and noise_multiplier >= 0"
-            )
 
 
 @dataclass(frozen=True)
@@ -106,12 +54,7 @@ class TrainResult:
     first_loss: float = 0.0
 
 
-Trainer = Callable[
-    [nn.Module, torch.Tensor, torch.Tensor, LocalTraining, torch.Generator], TrainResult
-]
-
-
-def _batches(
+def batches(
     n: int, size: int, epochs: int, generator: torch.Generator, poisson: bool = False
 ) -> list[torch.Tensor]:
     """Index batches: shuffled splits per epoch, or Poisson draws at rate size / n."""
@@ -132,7 +75,7 @@ def physical_batch(model: nn.Module, budget_bytes: int) -> int:
     return max(1, budget_bytes // max(1, per_sample))
 
 
-def _sgd(
+def sgd_steps(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     x: torch.Tensor,
@@ -164,59 +107,6 @@ def _sgd(
     return sum(losses) / max(1, len(losses)), losses[0] if losses else 0.0
 
 
-def train_fedsgd(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
-) -> TrainResult:
-    """One SGD step on the whole batch: the update is -lr times the batch gradient."""
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    loss, first = _sgd(model, opt, x, y, [torch.arange(len(x))])
-    return TrainResult(steps=1, loss=loss, noise_std=0.0, first_loss=first)
-
-
-def train_fedavg(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
-) -> TrainResult:
-    """E epochs of SGD over shuffled mini-batches: E x ceil(B / b_mini) steps."""
-    size = min(cfg.mini_batch or len(x), len(x))
-    batches = _batches(len(x), size, cfg.epochs, gen)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    loss, first = _sgd(model, opt, x, y, batches)
-    return TrainResult(
-        len(batches), loss, noise_std=0.0, sample_rate=size / len(x), first_loss=first
-    )
-
-
-def train_dp(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTraining, gen: torch.Generator
-) -> TrainResult:
-    """DP-SGD (Opacus): per-sample clipping to C, Gaussian noise sigma * C on each step's sum,
-    averaged over the mini-batch; epochs and mini-batches as in ``fedavg``. Per-sample
-    gradients are held for as many samples at once as fit :data:`PER_SAMPLE_BUDGET`."""
-    size = min(cfg.mini_batch or len(x), len(x))
-    batches = _batches(len(x), size, cfg.epochs, gen, cfg.poisson)
-    physical = physical_batch(model, PER_SAMPLE_BUDGET)
-    private = GradSampleModule(model)
-    opt = DPOptimizer(
-        torch.optim.SGD(private.parameters(), lr=cfg.lr),
-        noise_multiplier=cfg.noise_multiplier,
-        max_grad_norm=cfg.clip,
-        expected_batch_size=size,
-        generator=gen,
-    )
-    loss, first = _sgd(private, opt, x, y, batches, physical)
-    private._close()
-    return TrainResult(
-        steps=len(batches),
-        loss=loss,
-        noise_std=cfg.noise_multiplier * cfg.clip / size,
-        sample_rate=size / len(x),
-        first_loss=first,
-    )
-
-
-TRAINERS: dict[str, Trainer] = {"fedsgd": train_fedsgd, "fedavg": train_fedavg, "dp": train_dp}
-
-
 def divergence(
     model: nn.Module,
     x: torch.Tensor,
@@ -244,33 +134,3 @@ def divergence(
             f"{result.steps} step{'s' if result.steps != 1 else ''} (limit {limit:.3g})"
         )
     return None
-
-
-def train_locally(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    cfg: LocalTraining,
-    gen: torch.Generator,
-    max_loss_growth: float | None = None,
-) -> TrainResult:
-    """Train ``model`` in place on (x, y) with the procedure of ``cfg.defence``.
-
-    ``max_loss_growth`` (e.g. :data:`DIVERGENCE_FACTOR`, as a federation's clients use it)
-    also counts a loss that blew up as divergence; without it, only non-finite values do (an
-    update may be worth studying however bad it is for the model).
-
-    Raises
-    ------
-    ValueError
-        Without samples.
-    DivergenceError
-        When training diverged (:func:`divergence` says why): the model is then unusable.
-    """
-    if len(x) == 0:
-        raise ValueError("a client needs at least one sample to train on")
-    result = TRAINERS[cfg.defence](model, x, y, cfg, gen)
-    problem = divergence(model, x, y, result, max_loss_growth)
-    if problem is not None:
-        raise DivergenceError(f"{cfg.defence} training at lr={cfg.lr:g} diverged: {problem}")
-    return result

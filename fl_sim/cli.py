@@ -9,28 +9,34 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import get_args
 
 import torch
 
 from attacks import SpearConfig, paper_config
-from clients import LocalTraining
+from attacks.spearpp.config import NullStep, Optimiser, Search, Surrogate
+from clients.defences import training_defences, training_settings
 from fl_sim.bench import scale, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining
+from fl_sim.config.schema import ModelSpec
 
 
 def _custom_case(args: argparse.Namespace) -> AttackCase:
     """One case from the command line's --batch-size, --width, ... options."""
     try:
-        training = LocalTraining(
-            defence=args.defence,
-            lr=args.lr,
-            epochs=args.epochs if args.defence != "fedsgd" else 1,
-            mini_batch=args.mini_batch if args.defence != "fedsgd" else None,
-            clip=args.clip,
-            noise_multiplier=args.sigma,
+        given = {
+            "lr": args.lr,
+            "epochs": args.epochs,
+            "mini_batch": args.mini_batch,
+            "clip": args.clip,
+            "noise_multiplier": args.sigma,
+        }
+        fields = training_defences()[args.defence].Settings.model_fields
+        training = training_settings(
+            args.defence, **{k: v for k, v in given.items() if k in fields}
         )
         attack = SpearConfig(
             search=args.search,
@@ -286,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument("--split", choices=("train", "test"), default="test")
     attack.add_argument(
         "--dtype",
-        choices=("float64", "float32"),
+        choices=get_args(ModelSpec.model_fields["dtype"].annotation),
         default="float64",
         help="precision of the client's model and gradient",
     )
@@ -298,24 +304,24 @@ def build_parser() -> argparse.ArgumentParser:
     custom.add_argument("--depth", type=int, default=6)
     custom.add_argument(
         "--search",
-        choices=("signs", "surrogate"),
+        choices=get_args(Search),
         default="signs",
         help="sign-consistency search first (default), or the surrogate search only",
     )
     custom.add_argument(
         "--null-step",
-        choices=("auto", "eigh", "inverse"),
+        choices=get_args(NullStep),
         default="auto",
         help="the sign search's null steps: exact eigh, inverse iteration (no host syncs), or "
         "auto (inverse on CUDA, eigh elsewhere)",
     )
-    custom.add_argument("--surrogate", choices=("l1", "logcosh", "l4"), default="l1")
-    custom.add_argument("--optimiser", choices=("radam", "pgd"), default="radam")
+    custom.add_argument("--surrogate", choices=get_args(Surrogate), default="l1")
+    custom.add_argument("--optimiser", choices=get_args(Optimiser), default="radam")
     custom.add_argument("--method", choices=("fl-sim", "paper"), default="fl-sim")
     custom.add_argument("--starts", type=int, default=2000)
     custom.add_argument("--steps", type=int, default=1000)
     custom.add_argument("--max-passes", type=int, default=8)
-    custom.add_argument("--defence", choices=("fedsgd", "fedavg", "dp"), default="fedsgd")
+    custom.add_argument("--defence", choices=list(training_defences()), default="fedsgd")
     custom.add_argument("--lr", type=float, default=0.01)
     custom.add_argument("--epochs", type=int, default=1)
     custom.add_argument("--mini-batch", type=int)

@@ -103,7 +103,7 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     """
     run_dir = new_run_dir(out, scenario.name)
     (run_dir / "scenario.json").write_text(
-        json.dumps({"resolved": resolved, "typed": asdict(scenario)}, indent=2)
+        json.dumps({"resolved": resolved, "typed": scenario.model_dump(mode="json")}, indent=2)
     )
     handler = logging.FileHandler(run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

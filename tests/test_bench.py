@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attacks import SpearConfig
-from clients import LocalTraining
+from clients import training_settings
 from fl_sim.audit.metrics import NEAR_EXACT_DB, psnr
 from fl_sim.bench.attack import near_exact_at_true_scale, run_bench, scale_bound
 from fl_sim.bench.cases import AttackCase
@@ -26,7 +26,7 @@ def test_bench_writes_rows_and_summary(tmp_path: Path) -> None:
             "tiny fedavg",
             6,
             80,
-            training=LocalTraining("fedavg", lr=0.01, epochs=2, mini_batch=3),
+            training=training_settings("fedavg", lr=0.01, epochs=2, mini_batch=3),
             attack=SpearConfig(starts=300, steps=400),
         ),
     ]

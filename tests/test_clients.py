@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from clients import DivergenceError, LocalTraining, train_locally, training
+from clients import DivergenceError, train_locally, training, training_settings
 from fl_sim.model import fc_relu_net, first_linear
 from strategies import update_as_gradient
 
@@ -35,7 +35,7 @@ def test_fedsgd_update_is_minus_lr_gradient(seed: int) -> None:
     assert grad is not None
     grad = grad.clone()
     net.zero_grad()
-    res = train_locally(net, x, y, LocalTraining("fedsgd", lr=0.05), torch.Generator())
+    res = train_locally(net, x, y, training_settings("fedsgd", lr=0.05), torch.Generator())
     assert res.steps == 1 and res.noise_std == 0.0
     assert torch.allclose(update_as_gradient(before, _first_weight(net), 0.05), grad, atol=1e-12)
 
@@ -43,7 +43,7 @@ def test_fedsgd_update_is_minus_lr_gradient(seed: int) -> None:
 @pytest.mark.parametrize(("b", "mini", "epochs"), [(12, 5, 3), (12, 12, 2), (10, 3, 1)])
 def test_fedavg_takes_epochs_times_batches_steps(b: int, mini: int, epochs: int) -> None:
     net, x, y = _setup(0, b)
-    cfg = LocalTraining("fedavg", lr=0.01, epochs=epochs, mini_batch=mini)
+    cfg = training_settings("fedavg", lr=0.01, epochs=epochs, mini_batch=mini)
     res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
     assert res.steps == epochs * math.ceil(b / mini)
 
@@ -54,7 +54,7 @@ def test_dp_without_noise_is_mean_of_clipped_per_sample_gradients() -> None:
     reference.load_state_dict(net.state_dict())
     clip = 0.05
     before = _first_weight(net)
-    cfg = LocalTraining("dp", lr=0.1, clip=clip, noise_multiplier=0.0)
+    cfg = training_settings("dp", lr=0.1, clip=clip, noise_multiplier=0.0)
     train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
     # Brute force: per-sample gradients of all parameters, clipped by their joint norm.
     total = torch.zeros_like(before)
@@ -77,7 +77,7 @@ def test_dp_in_chunks_takes_the_same_steps(
 ) -> None:
     """Per-sample gradients held a few samples at a time (big models) change nothing: the same
     clipping, the same noise draw, the same update as on the whole mini-batch at once."""
-    cfg = LocalTraining(
+    cfg = training_settings(
         "dp", lr=0.1, clip=0.05, noise_multiplier=0.3, epochs=2, mini_batch=8, poisson=poisson
     )
     updates = []
@@ -97,7 +97,7 @@ def test_dp_in_chunks_takes_the_same_steps(
 def test_dp_noise_has_the_configured_scale() -> None:
     net, x, y = _setup(2, b=8)
     before = _first_weight(net)
-    cfg = LocalTraining("dp", lr=1.0, clip=1.0, noise_multiplier=50.0)
+    cfg = training_settings("dp", lr=1.0, clip=1.0, noise_multiplier=50.0)
     res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))
     assert res.noise_std == pytest.approx(50.0 * 1.0 / 8)
     # Clipped signal is at most clip / 1 per entry; noise dominates at sigma = 50.
@@ -116,18 +116,18 @@ def test_dp_noise_has_the_configured_scale() -> None:
 )
 def test_bad_training_settings_are_named(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        LocalTraining(**kwargs)  # type: ignore[arg-type]
+        training_settings(**kwargs)  # type: ignore[arg-type]
 
 
 def test_poisson_sampling_draws_random_batch_sizes() -> None:
-    from clients.training import _batches
+    from clients.training import batches
 
-    draws = _batches(40, 8, 50, torch.Generator().manual_seed(0), poisson=True)
+    draws = batches(40, 8, 50, torch.Generator().manual_seed(0), poisson=True)
     sizes = torch.tensor([len(d) for d in draws], dtype=torch.float64)
     assert len(draws) == 50 * 5 and sizes.std() > 0
     assert float(sizes.mean()) == pytest.approx(8, rel=0.1)
     net, x, y = _setup(3, b=10)
-    cfg = LocalTraining("dp", lr=0.1, mini_batch=5, noise_multiplier=1.0, poisson=True)
+    cfg = training_settings("dp", lr=0.1, mini_batch=5, noise_multiplier=1.0, poisson=True)
     res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(1))
     assert res.steps == 2 and res.sample_rate == 0.5
 
@@ -136,17 +136,17 @@ def test_non_finite_loss_is_divergence() -> None:
     net, x, y = _setup(4)
     x[0, 0] = math.nan
     with pytest.raises(DivergenceError, match="training loss is nan"):
-        train_locally(net, x, y, LocalTraining("fedsgd"), torch.Generator())
+        train_locally(net, x, y, training_settings("fedsgd"), torch.Generator())
 
 
 def test_non_finite_weights_are_divergence() -> None:
     net, x, y = _setup(5)  # the step's loss is finite, the weights it leaves are not
     with pytest.raises(DivergenceError, match=r"weights \[.*\] hold NaN or infinite"):
-        train_locally(net, x, y, LocalTraining("fedsgd", lr=math.inf), torch.Generator())
+        train_locally(net, x, y, training_settings("fedsgd", lr=math.inf), torch.Generator())
 
 
 def test_a_blown_up_loss_is_divergence_when_asked() -> None:
-    cfg = LocalTraining("dp", lr=1e4, clip=2.0, noise_multiplier=1.0)
+    cfg = training_settings("dp", lr=1e4, clip=2.0, noise_multiplier=1.0)
     net, x, y = _setup(6)
     res = train_locally(net, x, y, cfg, torch.Generator().manual_seed(0))  # finite: no limit
     assert math.isfinite(res.loss) and res.first_loss == res.loss  # one step
@@ -155,5 +155,10 @@ def test_a_blown_up_loss_is_divergence_when_asked() -> None:
         train_locally(net, x, y, cfg, torch.Generator().manual_seed(0), training.DIVERGENCE_FACTOR)
     net, x, y = _setup(6)  # ordinary training stays well within the limit
     train_locally(
-        net, x, y, LocalTraining("fedsgd", lr=0.1), torch.Generator(), training.DIVERGENCE_FACTOR
+        net,
+        x,
+        y,
+        training_settings("fedsgd", lr=0.1),
+        torch.Generator(),
+        training.DIVERGENCE_FACTOR,
     )

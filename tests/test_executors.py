@@ -101,7 +101,7 @@ def test_ray_without_a_fitting_node_fails_every_job_and_disconnects(
     import ray
 
     assert not ray.is_initialized()
-    executor = RayExecutor(1, replace(LOCAL, attack_resource="attack-gpu-node"))
+    executor = RayExecutor(1, ClusterSpec(address="local", attack_resource="attack-gpu-node"))
     got = _Collector()
     for client in (0, 1):
         executor.submit(_job(tmp_path, client)[0], got.outcome, got.error)
@@ -145,7 +145,7 @@ def test_ray_executor_matches_the_pool(local_ray: None, tmp_path: Path) -> None:
 def test_ray_gpu_share_schedules_and_picks_the_device(local_ray: None, tmp_path: Path) -> None:
     """Two half-GPU tasks on the one GPU Ray was told of; on a machine without CUDA the
     engine's ``auto`` device then falls back to the CPU."""
-    executor = RayExecutor(2, replace(LOCAL, attack_gpus=0.5))
+    executor = RayExecutor(2, ClusterSpec(address="local", attack_gpus=0.5))
     got = _Collector()
     for client in (0, 1):
         executor.submit(_job(tmp_path, client)[0], got.outcome, got.error)

@@ -6,8 +6,15 @@ Unlike SPEAR++ it needs the whole model's update and its architecture, and it ne
 a result: its reconstructions are approximate.
 """
 
-from attacks.inversion.config import LOSSES, InversionConfig
+from attacks.inversion.config import LOSSES, InversionConfig, InversionSettings
 from attacks.inversion.engine import invert_gradients
 from attacks.inversion.labels import head_signal, recover_labels
 
-__all__ = ["LOSSES", "InversionConfig", "head_signal", "invert_gradients", "recover_labels"]
+__all__ = [
+    "LOSSES",
+    "InversionConfig",
+    "InversionSettings",
+    "head_signal",
+    "invert_gradients",
+    "recover_labels",
+]

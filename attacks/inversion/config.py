@@ -1,26 +1,26 @@
-"""Settings of the optimisation-based attack: one immutable object, validated on construction."""
+"""Settings of the optimisation-based attack: one immutable object, validated on construction.
+
+:class:`InversionSettings` holds how the attack optimises, whichever gradient distance and seed
+a run uses; :class:`InversionConfig` adds those two. Whoever configures runs of the attack (the
+audit's ``[audit.inversion]`` table) extends :class:`InversionSettings` rather than repeating it.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Loss = Literal["l2", "cosine"]
 
 LOSSES: tuple[str, ...] = ("l2", "cosine")
-_CHOICES: dict[str, tuple[str, ...]] = {"loss": LOSSES, "dtype": ("float32", "float64")}
 
 
-@dataclass(frozen=True)
-class InversionConfig:
+class InversionSettings(BaseModel):
     """How the gradient-matching attack ("Inverting Gradients" family) optimises.
 
     Parameters
     ----------
-    loss
-        Gradient distance: ``l2`` (``||g(x) - g*||^2``, as DLG) or ``cosine``
-        (``1 - cos(g(x), g*)`` over all parameters at once, as Inverting Gradients).
     restarts
         Independent random starts per observation; the one whose gradient matches best is kept.
     iterations
@@ -35,43 +35,52 @@ class InversionConfig:
         Precision of the optimisation (the observation is converted to it).
     device
         ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    restarts: Annotated[int, Field(ge=1)] = 2
+    iterations: Annotated[int, Field(ge=1)] = 1000
+    lr: Annotated[float, Field(gt=0)] = 0.1
+    tv: Annotated[float, Field(ge=0)] = 1e-4
+    signed: bool = True
+    dtype: Literal["float32", "float64"] = "float32"
+    device: str = "auto"
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+            raise ValueError("allowed are auto, cpu, cuda, cuda:N")
+        return device
+
+
+class InversionConfig(InversionSettings):
+    """One run of the attack: :class:`InversionSettings` with its gradient distance and seed.
+
+    Parameters
+    ----------
+    loss
+        Gradient distance: ``l2`` (``||g(x) - g*||^2``, as DLG) or ``cosine``
+        (``1 - cos(g(x), g*)`` over all parameters at once, as Inverting Gradients).
     seed
         Seed of the random starts.
     """
 
     loss: Loss = "cosine"
-    restarts: int = 2
-    iterations: int = 1000
-    lr: float = 0.1
-    tv: float = 1e-4
-    signed: bool = True
-    dtype: Literal["float32", "float64"] = "float32"
-    device: str = "auto"
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"InversionConfig.{name}={getattr(self, name)!r}: allowed are "
-                    f"{', '.join(allowed)}"
-                )
-        for name in ("restarts", "iterations"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"InversionConfig.{name}={getattr(self, name)!r}: must be >= 1")
-        if not self.lr > 0:
-            raise ValueError(f"InversionConfig.lr={self.lr!r}: must be > 0")
-        if not self.tv >= 0:
-            raise ValueError(f"InversionConfig.tv={self.tv!r}: must be >= 0")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(
-                f"InversionConfig.device={self.device!r}: allowed are auto, cpu, cuda, cuda:N"
-            )
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss(cls, loss: Any) -> Any:
+        if loss not in LOSSES:
+            raise ValueError(f"loss={loss!r}: allowed are {', '.join(LOSSES)}")
+        return loss
 
     def replace(self, **changes: Any) -> InversionConfig:
         """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return InversionConfig.model_validate({**self.model_dump(), **changes})
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as plain values, for results and logs."""
-        return dataclasses.asdict(self)
+        return self.model_dump()

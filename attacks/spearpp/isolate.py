@@ -78,9 +78,10 @@ def with_isolated(
     certified = torch.zeros(inputs.shape[0], dtype=torch.bool, device=inputs.device)
     if not isolated.shape[0] or not inputs.shape[0]:
         return inputs, certified
-    cosine = torch.nn.functional.normalize(isolated, dim=1) @ torch.nn.functional.normalize(
-        inputs, dim=1
-    ).T
+    cosine = (
+        torch.nn.functional.normalize(isolated, dim=1)
+        @ torch.nn.functional.normalize(inputs, dim=1).T
+    )
     for i in cosine.amax(dim=1).argsort(descending=True).tolist():
         free = torch.where(certified, -torch.inf, cosine[i])
         row = int(free.argmax())

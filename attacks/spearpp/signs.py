@@ -118,7 +118,7 @@ def _inactive_rows(
     labels = torch.where(size < zero_split(size, q.shape[1])[0], -1.0, 1.0).to(size.dtype)
     pre_act = (labels @ basis) @ basis.T
     # Labelled-active rows go last: their fitted values are shifted past every inactive one.
-    shift = (2 * pre_act.abs().amax(dim=1, keepdim=True) + 1)
+    shift = 2 * pre_act.abs().amax(dim=1, keepdim=True) + 1
     rows = (pre_act + shift * (labels > 0)).argsort(dim=1)[:, :count]
     return rows, labels.gather(1, rows) < 0
 

@@ -1,4 +1,5 @@
-"""The ClientApp: each simulated client trains with its own defence and replies with its update.
+"""The ClientApp: each simulated client trains with its own training defence and replies with
+its update, which its update mods (:class:`DefenceMods`) then transform, in their order.
 
 A reply holds the updated weights (``arrays``), ``num-examples`` and the training loss
 (``metrics``, averaged by FedAvg), the client's declared settings, status and epsilon
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,8 +31,11 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from clients import DivergenceError, PrivacyLedger, train_locally
+from clients import DivergenceError, train_locally
+from clients.defences import training_defences, update_mods
+from clients.defences.base import BATCH_SIZE, DEFENCE, LR, STEPS
 from clients.training import DIVERGENCE_FACTOR
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
@@ -54,8 +58,6 @@ from strategies.reply import (
 )
 
 log = logging.getLogger(__name__)
-
-_LEDGER_KEY = "privacy-ledger"
 
 
 def round_seed(scenario: Scenario, client: int, server_round: int) -> int:
@@ -130,14 +132,14 @@ def local_round(
     model = scenario.model.build(data.description)
     model.load_state_dict(arrays.to_torch_state_dict())
     training = spec.training
+    defence = training_defences()[training.defence]
     declared: dict[str, ConfigRecordValues] = {
         SERVER_ROUND: server_round,
         PARTITION_ID: client,
-        "defence": training.defence,
-        "lr": training.lr,
-        "epochs": training.epochs,
-        "mini-batch": training.mini_batch or spec.batch_size,
-        "batch-size": spec.batch_size,
+        DEFENCE: training.defence,
+        LR: training.lr,
+        **defence.declare(training, spec.batch_size),
+        BATCH_SIZE: spec.batch_size,
     }
     try:
         result = train_locally(
@@ -150,24 +152,8 @@ def local_round(
         )
     except DivergenceError as err:
         return failed_reply(declared, DIVERGED, str(err), picked.tolist())
-    declared |= {STATUS: OK, "steps": result.steps, TRAIN_LOSS: result.loss}
-    if training.defence == "dp":
-        ledger = PrivacyLedger()
-        if _LEDGER_KEY in state:
-            kept = state[_LEDGER_KEY]
-            if not isinstance(kept, ConfigRecord):
-                raise ValueError(f"the client's state {_LEDGER_KEY!r} is not a ConfigRecord")
-            ledger = PrivacyLedger.from_lists(kept["noise"], kept["rate"], kept["steps"])  # type: ignore[arg-type]
-        ledger = ledger.spend(training.noise_multiplier, result.sample_rate, result.steps)
-        state[_LEDGER_KEY] = ConfigRecord(ledger.as_lists())  # type: ignore[arg-type]
-        declared |= {
-            "clip": training.clip,
-            "noise-multiplier": training.noise_multiplier,
-            "noise-std": result.noise_std,
-            "poisson": training.poisson,
-            "delta": spec.delta,
-            "epsilon": ledger.epsilon(spec.delta),
-        }
+    declared |= {STATUS: OK, STEPS: result.steps, TRAIN_LOSS: result.loss}
+    declared |= defence.spend(training, result, state)
     return RecordDict(
         {
             ARRAYS: ArrayRecord(model.state_dict()),
@@ -193,11 +179,47 @@ def client_reply(
         return failed_reply(declared, CLIENT_ERROR, f"{type(err).__name__}: {err}")
 
 
+class DefenceMods:
+    """The one ClientApp mod that applies each client's own update mods to its reply.
+
+    Flower's mods are app-wide; this one looks up the client's spec (``spec_of(context)``: the
+    scenario and the client's id) and runs the client's update mods around the training
+    handler, the first to transform the reply innermost, each seeded from the round.
+    """
+
+    def __init__(self, spec_of: Callable[[Context], tuple[Scenario, int]]) -> None:
+        self.spec_of = spec_of
+
+    def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        """The reply of ``call_next``, transformed by the client's update mods in order."""
+        scenario, client = self.spec_of(context)
+        spec = scenario.clients[client]
+        if not spec.mods:
+            return call_next(msg, context)
+        try:
+            seed = round_seed(scenario, client, _server_round(msg.content))
+        except ValueError:  # the handler replies to a message without a round
+            return call_next(msg, context)
+        mods = update_mods()
+        chain = call_next
+        for settings in spec.mods:  # the first in the list ends up innermost
+            chain = _around(mods[settings.defence].mod(settings, seed), chain)
+        return chain(msg, context)
+
+
+def _around(mod: Mod, call_next: ClientAppCallable) -> ClientAppCallable:
+    """``call_next`` with ``mod`` around it, as Flower chains a ClientApp's mods."""
+    return lambda msg, context: mod(msg, context, call_next)
+
+
 def make_client_app(scenario: Scenario) -> ClientApp:
     """A ClientApp whose clients follow ``scenario`` (their partition id picks their spec)."""
     app = ClientApp()
 
-    @app.train()
+    def spec_of(context: Context) -> tuple[Scenario, int]:
+        return scenario, int(context.node_config["partition-id"])
+
+    @app.train(mods=[DefenceMods(spec_of)])
     def train(msg: Message, context: Context) -> Message:
         client = int(context.node_config["partition-id"])
         return Message(client_reply(scenario, msg.content, client, context.state), reply_to=msg)

@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fl_sim.apps.client import client_reply
+from fl_sim.apps.client import DefenceMods, client_reply
 from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario
 from fl_sim.run import new_run_dir
@@ -56,7 +56,12 @@ client = ClientApp()
 server = ServerApp()
 
 
-@client.train()
+def _client_spec(context: Context) -> tuple[Scenario, int]:
+    scenario = _scenario(context)
+    return scenario, partition_id(context, scenario)
+
+
+@client.train(mods=[DefenceMods(_client_spec)])
 def train(msg: Message, context: Context) -> Message:
     """One client's round, its scenario read from the run config."""
     scenario = _scenario(context)

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 
 from attacks import ATTACKS, ServerView
+from clients.defences import Disclosure, declared_defences, defence_label
+from clients.defences.base import BATCH_SIZE, EPSILON, LR, STEPS, combined_noise
 from fl_sim.apps.recorder import append_jsonl
 from fl_sim.audit.executors import WorkerJob, make_executor
 from fl_sim.audit.grid import save_grid
@@ -69,11 +71,17 @@ def _name(base: Mapping[str, Any], suffix: str) -> str:
     return f"r{base['round']:03d}-c{base['client']:03d}{suffix}"
 
 
-def one_noisy_step(declared: Mapping[str, Any]) -> bool:
-    """Whether the update is one DP-SGD step: its next layer's gradient is then one noisy batch
-    gradient, and SPEAR++ fixes the samples' scales from it far better than from the first
-    layer's bias gradient alone (worth keeping the reply whole for)."""
-    return declared.get("defence") == "dp" and int(declared.get("steps", 0)) == 1
+def disclosures(declared: Mapping[str, Any], weight_update: np.ndarray | None) -> list[Disclosure]:
+    """What each defence the reply declares lets the server tell the attack (its knowledge
+    rule, :meth:`clients.defences.Defence.disclose`)."""
+    return [d.disclose(declared, weight_update) for d in declared_defences(declared)]
+
+
+def next_layer_helps(declared: Mapping[str, Any]) -> bool:
+    """Whether a defence of the reply makes it one noisy step: its next layer's gradient is
+    then one noisy batch gradient, and SPEAR++ fixes the samples' scales from it far better
+    than from the first layer's bias gradient alone (worth keeping the reply whole for)."""
+    return any(d.next_layer for d in disclosures(declared, None))
 
 
 def rounding_noise(received: np.ndarray, lr: float) -> float:
@@ -171,7 +179,7 @@ class Auditor:
         return bool(runs) and (
             self.spec.proxies
             or any(ATTACKS[r.attack].whole_model for r in runs)
-            or (self.next_layer is not None and one_noisy_step(declared))
+            or (self.next_layer is not None and next_layer_helps(declared))
         )
 
     def queue(self, update: InterceptedUpdate) -> int:
@@ -280,13 +288,13 @@ class Auditor:
         audit: Mapping[str, Any],
     ) -> dict[str, Any]:
         """What every record of this client's reply says, whatever became of it."""
-        epsilon = declared.get("epsilon")
+        epsilon = declared.get(EPSILON)
         return {
             **dict.fromkeys(METRIC_KEYS),
             "round": server_round,
             "client": client,
             "node_id": node_id,
-            "defence": declared.get("defence", "unknown"),
+            "defence": defence_label(declared),
             "epsilon": float(epsilon) if epsilon is not None else None,
             "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
             "batch_size": len(audit.get(SAMPLE_IDS, [])),
@@ -301,12 +309,12 @@ class Auditor:
         """The attack's inputs: the update as a gradient, plus what the attacker may know."""
         declared = update.declared
         received_weight, _ = update.received_layer()
-        lr = float(declared.get("lr", 1.0))
-        steps = int(declared.get("steps", 1))
-        knowledge = {"lr": "declared" if "lr" in declared else "assumed 1"}
+        lr = float(declared.get(LR, 1.0))
+        steps = int(declared.get(STEPS, 1))
+        knowledge = {"lr": "declared" if LR in declared else "assumed 1"}
         batch_size = None
-        if self.spec.knows_batch_size and "batch-size" in declared:
-            batch_size = int(declared["batch-size"])
+        if self.spec.knows_batch_size and BATCH_SIZE in declared:
+            batch_size = int(declared[BATCH_SIZE])
             knowledge["batch_size"] = "declared"
         else:
             knowledge["batch_size"] = "estimated"
@@ -315,17 +323,21 @@ class Auditor:
         rounding = rounding_noise(received_weight, lr) * math.sqrt(steps)
         noise_std = rounding
         knowledge["noise"] = "rounding" if rounding else "none"
+        noisy = [
+            d
+            for d in disclosures(declared, received_weight.astype(np.float64) - update.sent_weight)
+            if d.adds_noise
+        ]
+        suffix = " + rounding" if rounding else ""
         if not self.spec.knows_noise:
             # Told nothing: the attack fits the noise (DP and round-off alike) to the spectrum.
             noise_std = 0.0
             knowledge["noise"] = "not told: estimated from the gradient's spectrum"
-        elif "noise-std" in declared:
-            # Each step adds its own noise: the summed update carries sqrt(steps) times as much.
-            dp = float(declared["noise-std"]) * math.sqrt(steps)
-            noise_std = math.hypot(dp, rounding)
-            knowledge["noise"] = "declared" + (" + rounding" if rounding else "")
-        elif base["defence"] == "dp":
-            knowledge["noise"] = "unknown" + (" + rounding" if rounding else "")
+        elif any(d.noise_std is None for d in noisy):
+            knowledge["noise"] = "unknown" + suffix
+        elif noisy:
+            noise_std = combined_noise(noisy, rounding)
+            knowledge["noise"] = "declared" + suffix
         seed = self.seed * 7919 + base["round"] * 101 + base["client"]
         path = self.run_dir / JOBS_DIR / _name(base, f"-{run.label}.npz")
         if ATTACKS[run.attack].whole_model:
@@ -352,7 +364,7 @@ class Auditor:
         sent = {w_key: update.sent_weight, b_key: update.sent_bias}
         received = {w_key: weight, b_key: bias}
         nxt = self.next_layer
-        if not (update.arrays is not None and one_noisy_step(update.declared)):
+        if not (update.arrays is not None and next_layer_helps(update.declared)):
             nxt = None
         if nxt is not None:
             sent_all, received_all = update.whole()

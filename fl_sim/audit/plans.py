@@ -34,18 +34,7 @@ def attack_config(spec: AuditSpec, seed: int) -> SpearConfig:
 
 def inversion_config(spec: AuditSpec, loss: str, seed: int) -> InversionConfig:
     """The optimisation attack's settings for one loss."""
-    inv = spec.inversion
-    return InversionConfig(
-        loss=loss,  # type: ignore[arg-type]
-        restarts=inv.restarts,
-        iterations=inv.iterations,
-        lr=inv.lr,
-        tv=inv.tv,
-        signed=inv.signed,
-        dtype=inv.dtype,  # type: ignore[arg-type]
-        device=inv.device,
-        seed=seed,
-    )
+    return spec.inversion.config(loss, seed)
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def run_case(
         "width": case.width,
         "depth": case.depth,
         "pretrain": asdict(case.pretrain),
-        "defence": asdict(case.training),
+        "defence": case.training.model_dump(),
         "dtype": str(dtype).removeprefix("torch."),
         "arrays": case.arrays,
         "noise_told": case.knows_noise,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attacks import SpearConfig, paper_config
-from clients import LocalTraining
+from clients import TrainingSettings, training_settings
 from fl_sim.bench.pretrain import Pretraining
 
 
@@ -45,7 +45,7 @@ class AttackCase:
     batch_size: int
     width: int
     depth: int = 6
-    training: LocalTraining = field(default_factory=LocalTraining)
+    training: TrainingSettings = field(default_factory=training_settings)
     attack: SpearConfig = field(default_factory=SpearConfig)
     seeds: tuple[int, ...] = (0,)
     knows_batch_size: bool = False
@@ -65,10 +65,10 @@ class AttackCase:
 ARRAYS = ("tensors", "float64", "float64-diff")
 
 
-_DP_SMALL = LocalTraining(defence="dp", lr=0.01, clip=2.0, noise_multiplier=1e-4)
-_DP_LARGE = LocalTraining(defence="dp", lr=0.01, clip=2.0, noise_multiplier=1e-6)
-_FEDAVG_SMALL = LocalTraining(defence="fedavg", lr=0.01, epochs=3, mini_batch=5)
-_FEDAVG_LARGE = LocalTraining(defence="fedavg", lr=0.01, epochs=15, mini_batch=30)
+_DP_SMALL = training_settings("dp", lr=0.01, clip=2.0, noise_multiplier=1e-4)
+_DP_LARGE = training_settings("dp", lr=0.01, clip=2.0, noise_multiplier=1e-6)
+_FEDAVG_SMALL = training_settings("fedavg", lr=0.01, epochs=3, mini_batch=5)
+_FEDAVG_LARGE = training_settings("fedavg", lr=0.01, epochs=15, mini_batch=30)
 
 # Rows of the SPEAR++ paper's tables as summarised in SPEARPP.md.
 PAPER: tuple[AttackCase, ...] = (

@@ -2,7 +2,7 @@
 
 from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.load import ConfigError, apply_overrides, load_scenario, parse_scenario
-from fl_sim.config.schema import AuditSpec, ClientSpec, DataSpec, ModelSpec, Scenario
+from fl_sim.config.schema import AuditSpec, ClientSpec, DataSpec, ModelSpec, ResourcesSpec, Scenario
 
 __all__ = [
     "AuditSpec",
@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "DataSpec",
     "ModelSpec",
+    "ResourcesSpec",
     "Scenario",
     "apply_overrides",
     "load_scenario",

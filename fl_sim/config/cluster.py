@@ -9,8 +9,11 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import AfterValidator, field_validator
+
+from clients.settings import Real, Settings, Str
 from fl_sim.audit.executors import executor_names
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
@@ -19,23 +22,26 @@ RAY_ADDRESS_ENV = "RAY_ADDRESS"
 _ADDRESS = re.compile(r"(ray://)?[\w.\-]+:\d{1,5}")
 
 
-def check_resources(cpus_key: str, cpus: float, gpus_key: str, gpus: float) -> None:
-    """Reject Ray resource requests Ray cannot grant; the error names the key.
-
-    Raises
-    ------
-    ValueError
-        For negative or infinite amounts, or a GPU share above 1 that is not a whole number.
-    """
-    for key, value in ((cpus_key, cpus), (gpus_key, gpus)):
-        if value < 0 or not math.isfinite(value):
-            raise ValueError(f"{key} = {value}: must be a finite number >= 0")
-    if gpus > 1 and not gpus.is_integer():
-        raise ValueError(f"{gpus_key} = {gpus}: a share of one GPU (0 to 1) or whole GPUs")
+def ray_amount(value: float) -> float:
+    """A Ray resource amount: finite and >= 0."""
+    if value < 0 or not math.isfinite(value):
+        raise ValueError("must be a finite number >= 0")
+    return value
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
+def gpu_amount(value: float) -> float:
+    """A GPU amount Ray can grant: a share of one GPU, or whole GPUs."""
+    ray_amount(value)
+    if value > 1 and not value.is_integer():
+        raise ValueError("a share of one GPU (0 to 1) or whole GPUs")
+    return value
+
+
+CpuAmount = Annotated[Real, AfterValidator(ray_amount)]
+GpuAmount = Annotated[Real, AfterValidator(gpu_amount)]
+
+
+class ClusterSpec(Settings):
     """The Ray cluster a run uses and how its attacks are executed.
 
     Parameters
@@ -56,29 +62,35 @@ class ClusterSpec:
         started with ``ray start --resources '{"attack": 4}'`` (empty: none).
     """
 
-    address: str = ""
-    attack_executor: str = "pool"
-    attack_cpus: float = 0.0
-    attack_gpus: float = 0.0
-    attack_resource: str = ""
+    address: Str = ""
+    attack_executor: Str = "pool"
+    attack_cpus: CpuAmount = 0.0
+    attack_gpus: GpuAmount = 0.0
+    attack_resource: Str = ""
 
-    def __post_init__(self) -> None:
-        if self.address not in ("", "auto", "local") and not _ADDRESS.fullmatch(self.address):
+    @field_validator("address")
+    @classmethod
+    def _address(cls, address: str) -> str:
+        if address not in ("", "auto", "local") and not _ADDRESS.fullmatch(address):
             raise ValueError(
-                f"address = {self.address!r}: expected host:port, ray://host:port, auto, local "
-                f"or empty (then ${RAY_ADDRESS_ENV}, else a local Ray)"
+                "expected host:port, ray://host:port, auto, local or empty (then "
+                f"${RAY_ADDRESS_ENV}, else a local Ray)"
             )
-        if self.attack_executor not in executor_names():
-            raise ValueError(
-                f"attack_executor = {self.attack_executor!r}: allowed are "
-                f"{', '.join(executor_names())}"
-            )
-        check_resources("attack_cpus", self.attack_cpus, "attack_gpus", self.attack_gpus)
-        if self.attack_resource and not re.fullmatch(r"[\w.\-]+", self.attack_resource):
-            raise ValueError(
-                f"attack_resource = {self.attack_resource!r}: a Ray resource name "
-                "(letters, digits, '_', '-', '.')"
-            )
+        return address
+
+    @field_validator("attack_executor")
+    @classmethod
+    def _executor(cls, name: str) -> str:
+        if name not in executor_names():
+            raise ValueError(f"allowed are {', '.join(executor_names())}")
+        return name
+
+    @field_validator("attack_resource")
+    @classmethod
+    def _resource(cls, name: str) -> str:
+        if name and not re.fullmatch(r"[\w.\-]+", name):
+            raise ValueError("a Ray resource name (letters, digits, '_', '-', '.')")
+        return name
 
     def ray_address(self) -> str:
         """The address to give ``ray.init``: the configured one, else ``$RAY_ADDRESS``, else

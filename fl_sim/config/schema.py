@@ -1,20 +1,41 @@
-"""The typed, immutable scenario: what a run simulates."""
+"""The typed, immutable scenario: what a run simulates.
+
+Every table is a frozen pydantic model that declares its keys once, with their types, defaults
+and allowed values; :mod:`fl_sim.config.load` reads TOML into them and turns pydantic's errors
+into messages naming the dotted key, the value and what is allowed.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
 from torch import nn
 
-from clients import LocalTraining
-from fl_sim.config.cluster import ClusterSpec
+from attacks import ATTACKS
+from attacks.inversion import LOSSES, InversionConfig, InversionSettings
+from clients.defences import DefenceSettings, TrainingSettings
+from clients.settings import Bool, Int, Real, Settings, Str
+from fl_sim.config.cluster import ClusterSpec, CpuAmount, GpuAmount
 from fl_sim.data.description import DataDescription
 from fl_sim.model import fc_relu_net
 
+# Lists of ids read from TOML (lists, not tuples), each id an int.
+Ids = Annotated[tuple[Int, ...], Field(strict=False)]
+Names = Annotated[tuple[Str, ...], Field(strict=False)]
+Positive = Annotated[Real, Field(gt=0)]
+AtLeastOne = Annotated[Int, Field(ge=1)]
 
-@dataclass(frozen=True)
-class DataSpec:
+
+def _distinct(value: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A non-empty list of distinct names out of ``allowed``."""
+    if not value or set(value) - set(allowed) or len(set(value)) != len(value):
+        raise ValueError(f"allowed are {', '.join(allowed)}, each at most once (at least one)")
+    return value
+
+
+class DataSpec(Settings):
     """Where the records come from and how they are split.
 
     Parameters
@@ -36,26 +57,25 @@ class DataSpec:
         Held-out samples for the global model's test loss and accuracy.
     """
 
-    source: str = "auto"
-    cifar10_dir: str = "~/.cache/fl-sim/cifar10"
-    download: bool = False
-    partition: str = "iid"
-    alpha: float = 0.5
-    samples_per_client: int = 64
-    test_size: int = 500
+    source: Literal["auto", "cifar10", "photos", "breast_cancer"] = "auto"
+    cifar10_dir: Str = "~/.cache/fl-sim/cifar10"
+    download: Bool = False
+    partition: Literal["iid", "dirichlet"] = "iid"
+    alpha: Positive = 0.5
+    samples_per_client: AtLeastOne = 64
+    test_size: AtLeastOne = 500
 
 
-@dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(Settings):
     """The FC ReLU network: first layer width m, depth (number of linear layers) and dtype.
 
     ``float64`` (the default) keeps the measured leakage the defence's own; with ``float32`` the
     weights a client returns carry round-off that the server sees as a little noise.
     """
 
-    width: int = 200
-    depth: int = 6
-    dtype: str = "float64"
+    width: AtLeastOne = 200
+    depth: Annotated[Int, Field(ge=2)] = 6
+    dtype: Literal["float64", "float32"] = "float64"
 
     def build(self, data: DataDescription) -> nn.Sequential:
         """A freshly initialised network of this shape and dtype for inputs described by
@@ -64,27 +84,30 @@ class ModelSpec:
         return net.to(getattr(torch, self.dtype))
 
 
-@dataclass(frozen=True)
-class ClientSpec:
-    """One client: its local training (defence) and how much of its data it uses per round.
+class ClientSpec(Settings):
+    """One client: its training defence, its update mods and how much of its data it uses.
 
     Parameters
     ----------
     training
-        Defence and its settings.
+        The training defence's settings (``fedsgd``, ``fedavg``, ``dp``, ...).
     batch_size
         B: samples drawn from the local set each round (the batch the attack targets).
-    delta
-        DP delta for the epsilon accountant.
+    mods
+        Settings of the update mods applied to its reply, in the order they are applied.
     """
 
-    training: LocalTraining
-    batch_size: int = 20
-    delta: float = 1e-5
+    training: SerializeAsAny[TrainingSettings]
+    batch_size: AtLeastOne = 20
+    mods: tuple[SerializeAsAny[DefenceSettings], ...] = ()
+
+    @property
+    def defences(self) -> tuple[str, ...]:
+        """Its training defence's name, then its update mods'."""
+        return (self.training.defence, *(m.defence for m in self.mods))
 
 
-@dataclass(frozen=True)
-class AttackTargets:
+class AttackTargets(Settings):
     """Which audited rounds and clients one attack runs on (empty: every audited one).
 
     An attack runs on a client's update of a round when the audit targets it (``audit.rounds``,
@@ -92,8 +115,18 @@ class AttackTargets:
     ``[audit.inversion]``).
     """
 
-    rounds: tuple[int, ...] = ()
-    clients: tuple[int, ...] = ()
+    rounds: Ids = ()
+    clients: Ids = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_targets(cls, data: Any) -> Any:
+        if isinstance(data, dict) and set(data) - {"rounds", "clients"}:
+            raise ValueError(
+                "a table of rounds, clients (SPEAR++'s budget keys starts, steps, ... stay in "
+                "[audit])"
+            )
+        return data
 
     def covers(self, server_round: int, client: int) -> bool:
         """Whether (round, client) is in these targets."""
@@ -102,8 +135,7 @@ class AttackTargets:
         )
 
 
-@dataclass(frozen=True)
-class InversionSpec:
+class InversionSpec(Settings, InversionSettings):
     """Where and how the optimisation-based attack runs (``[audit.inversion]``).
 
     Parameters
@@ -113,28 +145,31 @@ class InversionSpec:
     losses
         Gradient distances, one attack per loss: ``cosine`` and/or ``l2``.
     restarts, iterations, lr, tv, signed, dtype, device
-        As in :class:`attacks.InversionConfig`.
+        How it optimises: :class:`attacks.inversion.InversionSettings`, declared there.
     """
 
-    rounds: tuple[int, ...] = ()
-    clients: tuple[int, ...] = ()
-    losses: tuple[str, ...] = ("cosine",)
-    restarts: int = 2
-    iterations: int = 1000
-    lr: float = 0.1
-    tv: float = 1e-4
-    signed: bool = True
-    dtype: str = "float32"
-    device: str = "auto"
+    model_config = Settings.model_config
+    rounds: Ids = ()
+    clients: Ids = ()
+    losses: Names = ("cosine",)
+
+    @field_validator("losses")
+    @classmethod
+    def _losses(cls, losses: tuple[str, ...]) -> tuple[str, ...]:
+        return _distinct(losses, LOSSES)
+
+    def config(self, loss: str, seed: int) -> InversionConfig:
+        """The attack's settings for one run: this table's, with its loss and seed."""
+        shared = self.model_dump(include=set(InversionSettings.model_fields))
+        return InversionConfig.model_validate({**shared, "loss": loss, "seed": seed})
 
     @property
     def targets(self) -> AttackTargets:
         """Its rounds and clients."""
-        return AttackTargets(self.rounds, self.clients)
+        return AttackTargets(rounds=self.rounds, clients=self.clients)
 
 
-@dataclass(frozen=True)
-class AuditSpec:
+class AuditSpec(Settings):
     """What the honest-but-curious server attacks, with what knowledge and budget.
 
     Parameters
@@ -178,45 +213,90 @@ class AuditSpec:
         whole model's arrays too where a whole-model attack or the proxies need them).
     """
 
-    enabled: bool = True
-    rounds: tuple[int, ...] = ()
-    clients: tuple[int, ...] = ()
-    attacks: tuple[str, ...] = ("spearpp",)
+    enabled: Bool = True
+    rounds: Ids = ()
+    clients: Ids = ()
+    attacks: Names = ("spearpp",)
     spearpp: AttackTargets = AttackTargets()
     inversion: InversionSpec = InversionSpec()
-    proxies: bool = False
-    proxy_tol: float = 1e-8
-    proxy_max_iter: int = 300
-    knows_batch_size: bool = False
-    knows_noise: bool = True
-    knows_labels: bool = False
-    starts: int = 2000
-    steps: int = 1000
-    max_passes: int = 4
-    time_budget_s: float = 30.0
-    workers: int = 1
-    wait_s: float = 600.0
-    grids: bool = True
-    keep_updates: bool = False
+    proxies: Bool = False
+    proxy_tol: Positive = 1e-8
+    proxy_max_iter: AtLeastOne = 300
+    knows_batch_size: Bool = False
+    knows_noise: Bool = True
+    knows_labels: Bool = False
+    starts: AtLeastOne = 2000
+    steps: AtLeastOne = 1000
+    max_passes: AtLeastOne = 4
+    time_budget_s: Positive = 30.0
+    workers: AtLeastOne = 1
+    wait_s: Positive = 600.0
+    grids: Bool = True
+    keep_updates: Bool = False
+
+    @field_validator("attacks")
+    @classmethod
+    def _attacks(cls, attacks: tuple[str, ...]) -> tuple[str, ...]:
+        return _distinct(attacks, tuple(sorted(ATTACKS)))
 
     @property
     def targets(self) -> AttackTargets:
         """The audit's rounds and clients."""
-        return AttackTargets(self.rounds, self.clients)
+        return AttackTargets(rounds=self.rounds, clients=self.clients)
 
 
-@dataclass(frozen=True)
-class Scenario:
+class ResourcesSpec(Settings):
+    """Ray resources of each simulated client (``[resources]``): ``client_cpus`` > 0 (Flower
+    fits node CPUs / client_cpus clients on each node) and ``client_gpus``, a share of one GPU
+    or whole GPUs."""
+
+    client_cpus: Annotated[CpuAmount, Field(gt=0)] = 1.0
+    client_gpus: GpuAmount = 0.0
+
+
+class Scenario(Settings):
     """A whole run: rounds, seed, data, model, one spec per client, the audit, and where the
     work runs (each simulated client's Ray resources, the cluster)."""
 
-    name: str
-    rounds: int
-    seed: int
-    data: DataSpec
-    model: ModelSpec
+    name: Str = "scenario"
+    rounds: AtLeastOne = 3
+    seed: Int = 0
+    data: DataSpec = DataSpec()
+    model: ModelSpec = ModelSpec()
     clients: tuple[ClientSpec, ...]
     audit: AuditSpec = AuditSpec()
-    client_cpus: float = 1.0
-    client_gpus: float = 0.0
-    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    resources: ResourcesSpec = ResourcesSpec()
+    cluster: ClusterSpec = ClusterSpec()
+
+    @property
+    def client_cpus(self) -> float:
+        """CPUs each simulated client reserves."""
+        return self.resources.client_cpus
+
+    @property
+    def client_gpus(self) -> float:
+        """GPUs (or a share of one) each simulated client reserves."""
+        return self.resources.client_gpus
+
+    @model_validator(mode="after")
+    def _within_the_run(self) -> Scenario:
+        """Batches within the local sets; attack targets within the rounds and clients."""
+        for spec in self.clients:
+            if spec.batch_size > self.data.samples_per_client:
+                raise ValueError(
+                    f"a client's batch_size = {spec.batch_size} exceeds "
+                    f"data.samples_per_client = {self.data.samples_per_client}"
+                )
+        tables = {
+            "audit": self.audit,
+            "audit.spearpp": self.audit.spearpp,
+            "audit.inversion": self.audit.inversion,
+        }
+        limits = {"rounds": (1, self.rounds), "clients": (0, len(self.clients) - 1)}
+        for table, targets in tables.items():
+            for key, (low, high) in limits.items():
+                ids = getattr(targets, key)
+                bad = [i for i in ids if not low <= i <= high]
+                if bad:
+                    raise ValueError(f"{table}.{key} = {list(ids)}: {bad} outside {low}..{high}")
+        return self

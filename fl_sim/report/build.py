@@ -42,8 +42,10 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     for r in records:
         if is_spearpp(r):
             by_client[r["client"]].append(r)
+    # As wide as the longest defence label (a client's update mods join it: fedsgd+topk).
+    wide = max([8, *(len(r["defence"]) for rows in by_client.values() for r in rows)])
     header = (
-        f"{'client':>6}  {'defence':<8} {'epsilon':>10} {'rounds':>6}  {'statuses':<22} "
+        f"{'client':>6}  {'defence':<{wide}} {'epsilon':>10} {'rounds':>6}  {'statuses':<22} "
         f"{'PSNR mean':>9} {'PSNR min':>8} {'exact':>6} {'near':>6} {'cert.':>6}"
     )
     lines = [header, "-" * len(header)]
@@ -61,7 +63,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         vouched = [r["share_certified"] for r in scored if "share_certified" in r]
         cert = sum(vouched) / len(vouched) if vouched else None
         lines.append(
-            f"{client:>6}  {rows[0]['defence']:<8} {_fmt(eps, '{:.3g}'):>10} {len(rows):>6}  "
+            f"{client:>6}  {rows[0]['defence']:<{wide}} {_fmt(eps, '{:.3g}'):>10} {len(rows):>6}  "
             f"{', '.join(f'{k} {v}' for k, v in sorted(statuses.items())):<22} "
             f"{_fmt(mean):>9} {_fmt(low):>8} {_fmt(exact and 100 * exact, '{:.0f}%'):>6} "
             f"{_fmt(near and 100 * near, '{:.0f}%'):>6} "
@@ -79,8 +81,9 @@ def inversion_table(records: list[dict[str, Any]]) -> str:
             groups[(r["client"], record_run(r))].append(r)
     if not groups:
         return ""
+    wide = max([8, *(len(r["defence"]) for rows in groups.values() for r in rows)])
     header = (
-        f"{'client':>6}  {'defence':<8} {'attack run':<18} {'rounds':>6} {'PSNR mean':>9} "
+        f"{'client':>6}  {'defence':<{wide}} {'attack run':<18} {'rounds':>6} {'PSNR mean':>9} "
         f"{'MSE median':>10} {'labels':>6}"
     )
     lines = [header, "-" * len(header)]
@@ -92,7 +95,7 @@ def inversion_table(records: list[dict[str, Any]]) -> str:
             if "labels_recovered" in r and "samples" in r
         ]
         lines.append(
-            f"{client:>6}  {rows[0]['defence']:<8} {run:<18} {len(rows):>6} "
+            f"{client:>6}  {rows[0]['defence']:<{wide}} {run:<18} {len(rows):>6} "
             f"{sum(r['psnr_mean'] for r in rows) / len(rows):>9.1f} "
             f"{_fmt(mse[len(mse) // 2] if mse else None, '{:.2e}'):>10} "
             f"{_fmt(sum(right) / len(right) * 100 if right else None, '{:.0f}%'):>6}"

@@ -1,0 +1,124 @@
+"""Settings declared once, as frozen pydantic models, and their validation errors in one line
+that names the dotted key, the value and what is allowed.
+
+Every defence's settings and every table of a scenario are such models; :func:`explain` turns
+pydantic's ``ValidationError`` into the message both the scenario loader and direct callers
+raise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import ValidationError as ValidationError
+from pydantic_core import ErrorDetails
+
+__all__ = [
+    "Bool",
+    "Int",
+    "Real",
+    "Settings",
+    "Str",
+    "ValidationError",
+    "explain",
+]
+
+
+def _widen(value: Any) -> Any:
+    """An int where a float is expected is that float (TOML writes ``clip = 2``); a bool is not."""
+    return float(value) if type(value) is int else value
+
+
+# Strict scalars: TOML's types are kept (1 is not a bool, 1.5 not an int, "2" not a number),
+# but an int is a float's value.
+Real = Annotated[float, BeforeValidator(_widen)]
+Int = StrictInt
+Bool = StrictBool
+Str = StrictStr
+
+
+class Settings(BaseModel):
+    """Base of every settings model: immutable, unknown keys rejected, scalars of TOML's types."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # As a frozen dataclass does: an AttributeError, not a validation error.
+        raise AttributeError(f"{type(self).__name__} is immutable: {name!r} cannot be set")
+
+
+# What each kind of failure says after "key = value: ".
+_TYPES = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str"}
+_BOUNDS = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+
+
+def _allowed(expected: str) -> str:
+    """pydantic's "'a', 'b' or 'c'" as "a, b, c"."""
+    return re.sub(r"'([^']*)'", r"\1", expected).replace(" or ", ", ")
+
+
+def _field(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
+    """The annotation of the field at ``loc`` inside ``model`` (``None`` past a non-model)."""
+    annotation: Any = model
+    for part in loc:
+        fields = getattr(annotation, "model_fields", None)
+        if not isinstance(fields, dict) or part not in fields:
+            return None
+        annotation = fields[part].annotation
+    return annotation
+
+
+def _why(error: ErrorDetails) -> str:
+    kind = error["type"]
+    ctx = error.get("ctx", {})
+    if kind in _TYPES:
+        return f"expected {_TYPES[kind]}"
+    if kind in _BOUNDS:
+        bound = next(v for k, v in ctx.items() if k in ("gt", "ge", "lt", "le"))
+        return f"must be {_BOUNDS[kind]} {bound}"
+    if kind == "literal_error":
+        return f"allowed are {_allowed(str(ctx['expected']))}"
+    if kind in ("tuple_type", "list_type"):
+        return "expected a list"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def explain(
+    err: ValidationError, model: type[BaseModel], prefix: str = "", sep: str = " = "
+) -> str:
+    """One line per failure: ``prefix.key = value: why`` (``why`` names what is allowed).
+
+    Parameters
+    ----------
+    err
+        pydantic's error.
+    model
+        The model that was validated (its fields list what an unknown key could have been).
+    prefix
+        Dotted path of the table that was validated (``clients.2.``), prepended to each key.
+    sep
+        Between key and value: ``" = "`` as in TOML, ``"="`` as in a call's keywords.
+    """
+    lines = []
+    for error in err.errors():
+        loc = error["loc"]
+        key = prefix + ".".join(str(part) for part in loc)
+        value = error["input"]
+        if _field(model, loc) is float and type(value) is int:
+            value = float(value)  # as the field holds it
+        if error["type"] == "extra_forbidden":
+            table = _field(model, loc[:-1])
+            names = sorted(getattr(table, "model_fields", {}))
+            lines.append(f"unknown key {key!r}: allowed are {', '.join(names)}")
+        elif not loc:  # a check of the whole table: its message names the keys
+            lines.append(f"{prefix.rstrip('.') + ': ' if prefix else ''}{_why(error)}")
+        else:
+            lines.append(f"{key}{sep}{value!r}: {_why(error)}")
+    return "; ".join(lines)
