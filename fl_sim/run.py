@@ -60,6 +60,11 @@ def last_round(run_dir: Path) -> int:
     return max(rounds, default=0)
 
 
+def typed_scenario(scenario: Scenario) -> dict[str, Any]:
+    """The validated scenario as plain JSON data (``federation``'s pydantic models dumped)."""
+    return asdict(scenario) | {"federation": scenario.federation.model_dump()}
+
+
 def new_run_dir(out: Path | None, name: str, root: Path = Path("runs")) -> Path:
     """A directory no earlier run wrote to: ``out`` if given (must not hold files), else
     ``runs/NAME-YYYYmmdd-HHMMSS[-k]``."""
@@ -103,7 +108,7 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     """
     run_dir = new_run_dir(out, scenario.name)
     (run_dir / "scenario.json").write_text(
-        json.dumps({"resolved": resolved, "typed": asdict(scenario)}, indent=2)
+        json.dumps({"resolved": resolved, "typed": typed_scenario(scenario)}, indent=2)
     )
     handler = logging.FileHandler(run_dir / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -69,4 +69,4 @@ def main(grid: Grid, context: Context) -> None:
     """All rounds of the run config's scenario, recorded in a fresh run directory."""
     scenario = _scenario(context)
     out = Path(str(context.run_config.get("out", "runs")))
-    run_federation(grid, scenario, new_run_dir(None, scenario.name, root=out))
+    run_federation(grid, context, scenario, new_run_dir(None, scenario.name, root=out))

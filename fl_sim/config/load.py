@@ -10,10 +10,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from attacks import ATTACKS, InversionConfig
 from attacks.inversion import LOSSES
 from clients import TRAINERS, LocalTraining
 from fl_sim.config.cluster import ClusterSpec, check_resources
+from fl_sim.config.federation import FederationSpec
 from fl_sim.config.schema import (
     AttackTargets,
     AuditSpec,
@@ -126,13 +129,14 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     ConfigError
         For an unknown key, a wrong type, a value out of range, or a bad client id.
     """
-    allowed = {*_TOP, "resources", "data", "model", "clients", "audit", "cluster"}
+    allowed = {*_TOP, "resources", "data", "model", "clients", "audit", "cluster", "federation"}
     for key in raw:
         if key not in allowed:
             raise ConfigError(f"unknown key {key!r}: allowed are {', '.join(sorted(allowed))}")
     top = _table({k: v for k, v in raw.items() if k in _TOP}, "", _TOP)
     resources = _resources(raw.get("resources", {}))
     cluster = _cluster(raw.get("cluster", {}))
+    federation = _federation(raw.get("federation", {}))
     data = DataSpec(**_table(raw.get("data", {}), "data.", _spec_of(DataSpec)))
     model = ModelSpec(**_table(raw.get("model", {}), "model.", _spec_of(ModelSpec)))
     clients_raw = dict(raw.get("clients", {}))
@@ -169,6 +173,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
         clients=specs,
         audit=audit,
         cluster=cluster,
+        federation=federation,
         **resources,
     )
 
@@ -199,6 +204,31 @@ def _cluster(raw: Mapping[str, Any]) -> ClusterSpec:
         return ClusterSpec(**settings)
     except ValueError as err:
         raise ConfigError(f"cluster.{err}") from None
+
+
+def _federation(raw: Any) -> FederationSpec:
+    """``[federation]``, with pydantic's first complaint as a dotted key, its value and what
+    is allowed."""
+    try:
+        return FederationSpec.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = [str(part) for part in first["loc"] if not str(part).startswith(("int", "float"))]
+        key = ".".join(["federation", *where])
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"unknown key {key!r}: {_federation_keys(where[:-1])}") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if isinstance(first["input"], dict):  # a check across the table's keys
+            raise ConfigError(f"{key}: {message}") from None
+        raise ConfigError(f"{key} = {first['input']!r}: {message}") from None
+
+
+def _federation_keys(table: list[str]) -> str:
+    """What a ``[federation...]`` table allows, in words."""
+    model: type[Any] = FederationSpec
+    for part in table:
+        model = model.model_fields[part].annotation.__args__[0]  # X | None: the model X
+    return "allowed are " + ", ".join(sorted(model.model_fields))
 
 
 _TARGET_LISTS = ("rounds", "clients")

@@ -9,6 +9,7 @@ from torch import nn
 
 from clients import LocalTraining
 from fl_sim.config.cluster import ClusterSpec
+from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
 from fl_sim.model import fc_relu_net
 
@@ -207,8 +208,9 @@ class AuditSpec:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A whole run: rounds, seed, data, model, one spec per client, the audit, and where the
-    work runs (each simulated client's Ray resources, the cluster)."""
+    """A whole run: rounds, seed, data, model, one spec per client, the audit, where the work
+    runs (each simulated client's Ray resources, the cluster), and the federation-wide
+    defence, if any (``[federation]``: SecAgg+ or central DP)."""
 
     name: str
     rounds: int
@@ -220,3 +222,4 @@ class Scenario:
     client_cpus: float = 1.0
     client_gpus: float = 0.0
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    federation: FederationSpec = field(default_factory=FederationSpec)
