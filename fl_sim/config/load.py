@@ -158,6 +158,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     audit = _audit(raw.get("audit", {}), rounds, count)
     _check_data(data)
     _check_model(model)
+    _check_federation(federation, count)
     for spec in specs:
         if spec.batch_size > data.samples_per_client:
             raise ConfigError(
@@ -221,6 +222,23 @@ def _federation(raw: Any) -> FederationSpec:
         if isinstance(first["input"], dict):  # a check across the table's keys
             raise ConfigError(f"{key}: {message}") from None
         raise ConfigError(f"{key} = {first['input']!r}: {message}") from None
+
+
+def _check_federation(federation: FederationSpec, count: int) -> None:
+    """What SecAgg+ needs of the cohort: every client is sampled each round."""
+    secagg = federation.secagg
+    if secagg is None:
+        return
+    if count < 2:
+        raise ConfigError(
+            f"federation.secagg with clients.count = {count}: SecAgg+ sums at least 2 clients"
+        )
+    threshold = secagg.reconstruction_threshold
+    if isinstance(threshold, int) and threshold > count:
+        raise ConfigError(
+            f"federation.secagg.reconstruction_threshold = {threshold}: at most clients.count "
+            f"= {count} (a secret needs that many of its neighbours' shares)"
+        )
 
 
 def _federation_keys(table: list[str]) -> str:
