@@ -241,7 +241,14 @@ def _plot(rows: list[dict[str, Any]], plan: SecAggPlan, path: Path) -> None:
 
 def _write(rows: list[dict[str, Any]], plan: SecAggPlan, out: Path, meta: dict[str, Any]) -> None:
     (out / "secagg.json").write_text(
-        json.dumps({"meta": meta, "plan": asdict(plan), "rows": rows}, indent=2, default=str)
+        json.dumps(
+            {
+                "meta": meta,
+                "plan": asdict(plan) | {"secagg": plan.secagg.model_dump()},
+                "rows": rows,
+            },
+            indent=2,
+        )
     )
     keys = [
         "width", "cohort", "batch_per_client", "samples", "status", "share_exact",
@@ -286,6 +293,62 @@ def run_secagg_bench(
     return rows
 
 
+def _setting(plan: dict[str, Any]) -> str:
+    """A run's quantisation and budget in words, from its ``secagg.json`` plan."""
+    q = plan["secagg"]
+    levels = int(q["quantization_range"]).bit_length() - 1
+    return (
+        f"max_weight {q['max_weight']:g}, 2^{levels} levels, clip +-{q['clipping_range']:g}; "
+        f"{plan['time_budget_s']:g} s per attack"
+    )
+
+
+def join_runs(folders: Sequence[Path], out: Path) -> list[dict[str, Any]]:
+    """Join ``fl-sim bench secagg`` runs (e.g. one per width and quantisation) into
+    ``secagg.csv`` (each row with its run's setting) and ``secagg.png``: one panel per width and
+    setting, share near-exact against K x B, a line per cohort size."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for folder in folders:
+        run = json.loads((folder / "secagg.json").read_text())
+        setting = _setting(run["plan"])
+        rows += [{**r, "setting": setting, "run": folder.name} for r in run["rows"]]
+    panels = sorted({(r["width"], r["setting"]) for r in rows})
+    fig = Figure(figsize=(6.2 * 2, 4.4 * ((len(panels) + 1) // 2)))
+    axes = fig.subplots((len(panels) + 1) // 2, 2, squeeze=False).ravel()
+    for ax, (width, setting) in zip(axes, panels, strict=False):
+        mine = [r for r in rows if r["width"] == width and r["setting"] == setting]
+        for cohort in sorted({r["cohort"] for r in mine}):
+            done = sorted(
+                (r["samples"], 100 * r["share_near_exact"])
+                for r in mine
+                if r["cohort"] == cohort and r["status"] != "skipped"
+            )
+            if done:
+                ax.plot(*zip(*done, strict=True), "o-", label=f"K={cohort} clients")
+        skipped = [r["samples"] for r in mine if r["status"] == "skipped"]
+        ax.plot(skipped, [0] * len(skipped), "x", color="grey", label="skipped (> 2x limit)")
+        limit = KNOWN_LIMITS.get(width)
+        if limit:
+            ax.axvline(limit, color="red", ls="--", label=f"one-client limit B={limit}")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-5, 105)
+        ax.set_xlabel("samples in the sum (K clients x B each)")
+        ax.set_ylabel("near-exact samples (>= 40 dB, %)")
+        ax.set_title(f"m={width}: {setting}", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle("SPEAR++ on the SecAgg+ sum of K FedSGD clients (Flower's quantisation)")
+    fig.savefig(out / "secagg.png", dpi=110, bbox_inches="tight")
+    keys = ["run", "setting", *[k for k in rows[0] if k not in ("run", "setting")]] if rows else []
+    with (out / "secagg.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, sorted(set().union(*rows), key=keys.index) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
 
@@ -295,7 +358,7 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     cmd = bench.add_parser(
         "secagg", help="SPEAR++ on the SecAgg+ sum: cohort size x batch size, per width"
     )
-    cmd.add_argument("--data", required=True, help="CIFAR-10: .npz or folder")
+    cmd.add_argument("--data", help="CIFAR-10: .npz or folder (required unless --join)")
     cmd.add_argument("--split", choices=("train", "test"), default="test")
     cmd.add_argument("--widths", default="1000,4000", help="comma-separated m")
     cmd.add_argument("--cohorts", default="1,2,4,8,16", help="clients summed, comma-separated")
@@ -316,10 +379,22 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     cmd.add_argument("--max-weight", type=float, default=defaults.max_weight)
     cmd.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     cmd.add_argument("--out", help="results folder (default: bench/runs/secagg-TIME)")
+    cmd.add_argument(
+        "--join",
+        nargs="+",
+        metavar="RUN",
+        help="instead of running: join these runs' results into --out (one plot, one CSV)",
+    )
     cmd.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.join:
+        if not args.out:
+            raise SystemExit("fl-sim bench secagg --join: name the joined folder with --out")
+        join_runs([Path(f) for f in args.join], Path(args.out))
+        print(f"joined {len(args.join)} runs in {args.out}/ (secagg.csv, secagg.png)")
+        return 0
     try:
         plan = SecAggPlan(
             widths=_ints(args.widths),
@@ -338,6 +413,8 @@ def _main(args: argparse.Namespace) -> int:
         )
     except (ValueError, ValidationError) as err:
         raise SystemExit(f"fl-sim bench secagg: {err}") from None
+    if not args.data:
+        raise SystemExit("fl-sim bench secagg: --data is required (CIFAR-10: .npz or folder)")
     torch.set_num_threads(args.threads)
     out = results_folder(args.out, "secagg")
     run_secagg_bench(plan, bench_data(args.data, args.split), out, command_line())
