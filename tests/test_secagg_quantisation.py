@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from fl_sim.bench.secagg import SecAggPlan, secagg_sum
+from fl_sim.bench.secagg import SecAggPlan, join_runs, secagg_sum
 from fl_sim.config.federation import SecAggSpec
 from strategies.quantisation import secagg_noise_std
 
@@ -57,3 +61,24 @@ def test_points_far_beyond_the_limit_are_skipped_with_their_reason() -> None:
     reason = plan.skip_reason(1000, 256)
     assert reason is not None and "110" in reason
     assert SecAggPlan(skip_factor=None).skip_reason(1000, 4096) is None
+
+
+def test_joined_runs_keep_each_rows_setting(tmp_path: Path) -> None:
+    rows = [
+        {"width": 1000, "cohort": 1, "batch_per_client": 4, "samples": 4, "status": "exact",
+         "share_exact": 0.0, "share_near_exact": 1.0},
+        {"width": 1000, "cohort": 16, "batch_per_client": 64, "samples": 1024,
+         "status": "skipped", "reason": "beyond"},
+    ]  # fmt: skip
+    for name, weight in (("fine", 64.0), ("defaults", 1000.0)):
+        plan = asdict(SecAggPlan()) | {"secagg": SecAggSpec(max_weight=weight).model_dump()}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "secagg.json").write_text(json.dumps({"plan": plan, "rows": rows}))
+    joined = join_runs([tmp_path / "fine", tmp_path / "defaults"], tmp_path / "out")
+    assert len(joined) == 4
+    settings = {r["run"]: r["setting"] for r in joined}
+    assert settings["fine"].startswith("max_weight 64, 2^22 levels")
+    assert settings["defaults"].startswith("max_weight 1000, 2^22 levels")
+    assert (tmp_path / "out" / "secagg.png").is_file()
+    lines = (tmp_path / "out" / "secagg.csv").read_text().splitlines()
+    assert lines[0].startswith("run,setting,width") and len(lines) == 5

@@ -341,9 +341,10 @@ def join_runs(folders: Sequence[Path], out: Path) -> list[dict[str, Any]]:
         ax.set_visible(False)
     fig.suptitle("SPEAR++ on the SecAgg+ sum of K FedSGD clients (Flower's quantisation)")
     fig.savefig(out / "secagg.png", dpi=110, bbox_inches="tight")
-    keys = ["run", "setting", *[k for k in rows[0] if k not in ("run", "setting")]] if rows else []
+    # Every key any row has, in order of first appearance, the run's name and setting first.
+    keys = list(dict.fromkeys(["run", "setting", *(k for r in rows for k in r)]))
     with (out / "secagg.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, sorted(set().union(*rows), key=keys.index) if rows else [])
+        writer = csv.DictWriter(f, keys)
         writer.writeheader()
         writer.writerows(rows)
     return rows
