@@ -4,6 +4,10 @@ federation (one per attack the audit runs on it), and every finished job one lin
 vulnerability proxies go to ``proxies.jsonl``, and at the end the per-round correlation of each
 proxy with the optimisation attack's error to ``forecast.jsonl``.
 
+Under SecAgg+ the server holds only each round's sum (:meth:`Auditor.queue_aggregate`): it is
+attacked as one batch of every summed client's samples, and the judge files the cohort's
+record and one per client with what of its own samples came back.
+
 Ground truth (which samples a client trained on) enters only here, after the attack returned,
 and in the judge's own proxy jobs.
 """
