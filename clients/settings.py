@@ -71,8 +71,14 @@ def _field(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
         fields = getattr(annotation, "model_fields", None)
         if not isinstance(fields, dict) or part not in fields:
             return None
-        annotation = fields[part].annotation
+        annotation = _table_model(fields[part].annotation)
     return annotation
+
+
+def _table_model(annotation: Any) -> Any:
+    """The model an optional table's annotation (``X | None``) holds; else ``annotation``."""
+    models = [a for a in getattr(annotation, "__args__", ()) if hasattr(a, "model_fields")]
+    return models[0] if models else annotation
 
 
 def _why(error: ErrorDetails) -> str:

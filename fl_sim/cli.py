@@ -16,7 +16,7 @@ import torch
 from attacks import SpearConfig, paper_config
 from attacks.spearpp.config import NullStep, Optimiser, Search, Surrogate
 from clients.defences import training_defences, training_settings
-from fl_sim.bench import scale, throughput
+from fl_sim.bench import scale, secagg, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
@@ -206,13 +206,33 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_summary(run_dir: Path) -> None:
     from fl_sim.report import summary_table
-    from fl_sim.report.build import REPORT_FILE, forecast_tables, inversion_table, read_jsonl
+    from fl_sim.report.build import (
+        REPORT_FILE,
+        cohort_table,
+        forecast_tables,
+        inversion_table,
+        read_jsonl,
+    )
     from fl_sim.report.faults import left_out_table
 
     records = read_jsonl(run_dir / "audit.jsonl")
     if records:
         print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
         print(summary_table(records))
+    cohorts = cohort_table(records)
+    if cohorts:
+        print(
+            "\nSecure aggregation (SecAgg+): SPEAR++ on each round's sum, the server's only view "
+            "(per-client rows above: what of each client's batch came back through the sum):"
+        )
+        print(cohorts)
+    epsilons = [r for r in read_jsonl(run_dir / "rounds.jsonl") if r.get("epsilon") is not None]
+    if epsilons:
+        print(
+            "\nCentral DP: Flower's noise reaches only the aggregate; epsilon after round "
+            f"{epsilons[-1]['round']}: {epsilons[-1]['epsilon']:.3g} (Opacus RDP, every client "
+            "every round)"
+        )
     faults = left_out_table(read_jsonl(run_dir / "clients.jsonl"))
     if faults:
         print("\nLeft out of aggregation (the federation went on without them):")
@@ -396,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     lavp.set_defaults(func=_bench_lavp)
     throughput.add_command(bench)
     scale.add_command(bench)
+    secagg.add_command(bench)
     return parser
 
 

@@ -1,16 +1,21 @@
 """The honest-but-curious server's side: the wrapper strategies and what they derive from
 replies."""
 
+from strategies.aggregate_curious import AggregateCurious, AggregateSink
 from strategies.fault_tolerant import FaultSink, FaultTolerant
 from strategies.gradients import update_as_gradient
 from strategies.honest_curious import HonestButCurious, UpdateSink
+from strategies.intercepted_aggregate import InterceptedAggregate
 from strategies.interception import InterceptedUpdate, intercept
 from strategies.screening import LeftOut, screen
 
 __all__ = [
+    "AggregateCurious",
+    "AggregateSink",
     "FaultSink",
     "FaultTolerant",
     "HonestButCurious",
+    "InterceptedAggregate",
     "InterceptedUpdate",
     "LeftOut",
     "UpdateSink",

@@ -32,5 +32,8 @@ OK = "ok"
 DIVERGED = "diverged"
 CLIENT_ERROR = "client-error"
 REJECTED = "rejected"
+# A client sampled under secure aggregation whose masked vector never came (its round failed
+# or it left): the sum was unmasked without it.
+DROPPED = "dropped"
 # The statuses of a reply left out of aggregation, as clients.jsonl and the audit record them.
-LEFT_OUT = (DIVERGED, CLIENT_ERROR, REJECTED)
+LEFT_OUT = (DIVERGED, CLIENT_ERROR, REJECTED, DROPPED)

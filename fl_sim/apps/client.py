@@ -30,15 +30,18 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from clients import DivergenceError, train_locally
 from clients.defences import training_defences, update_mods
 from clients.defences.base import BATCH_SIZE, DEFENCE, LR, STEPS
 from clients.training import DIVERGENCE_FACTOR
+from fl_sim.apps.legacy_fit import legacy_fit_mod
 from fl_sim.config.schema import Scenario
-from fl_sim.data.federated import federated_data
+from fl_sim.data.federated import FederatedData, federated_data
 from strategies.reply import (
     ARRAYS,
     AUDIT,
@@ -63,6 +66,17 @@ log = logging.getLogger(__name__)
 def round_seed(scenario: Scenario, client: int, server_round: int) -> int:
     """Seed of one client's round: its batch draw and any randomness of its training."""
     return (scenario.seed * 1_000_003 + client * 10_007 + server_round) % 2**63
+
+
+def drawn_samples(
+    scenario: Scenario, data: FederatedData, client: int, server_round: int
+) -> np.ndarray:
+    """The ids of the samples ``client`` trains on in ``server_round``, sorted: its batch, drawn
+    from its partition with its round's seed (so the judge can tell them without the client
+    sending them, as under secure aggregation)."""
+    spec = scenario.clients[client]
+    rng = np.random.default_rng(round_seed(scenario, client, server_round))
+    return np.sort(rng.choice(data.partitions[client], spec.batch_size, replace=False))
 
 
 def _server_round(content: RecordDict) -> int:
@@ -125,8 +139,7 @@ def local_round(
         raise ValueError(f"the server's message has no ArrayRecord {ARRAYS!r}")
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
     seed = round_seed(scenario, client, server_round)
-    local = data.partitions[client]
-    picked = np.sort(np.random.default_rng(seed).choice(local, spec.batch_size, replace=False))
+    picked = drawn_samples(scenario, data, client, server_round)
     x, y = data.tensors(picked)
     x = x.to(getattr(torch, scenario.model.dtype))
     model = scenario.model.build(data.description)
@@ -212,9 +225,24 @@ def _around(mod: Mod, call_next: ClientAppCallable) -> ClientAppCallable:
     return lambda msg, context: mod(msg, context, call_next)
 
 
+def client_mods(scenario: Scenario) -> list[Mod]:
+    """Flower's client mods the federation-wide defence needs: ``secaggplus_mod`` (with the
+    legacy fit form it speaks) under SecAgg+, ``fixedclipping_mod`` under central DP with
+    client-side clipping; none otherwise."""
+    federation = scenario.federation
+    if federation.secagg is not None:
+        described = federated_data(scenario.data, len(scenario.clients), scenario.seed).description
+        keys = list(scenario.model.build(described).state_dict())
+        return [secaggplus_mod, legacy_fit_mod(keys)]
+    if federation.central_dp is not None and federation.central_dp.clipping == "client":
+        return [fixedclipping_mod]
+    return []
+
+
 def make_client_app(scenario: Scenario) -> ClientApp:
-    """A ClientApp whose clients follow ``scenario`` (their partition id picks their spec)."""
-    app = ClientApp()
+    """A ClientApp whose clients follow ``scenario`` (their partition id picks their spec),
+    with the mods of its federation-wide defence (:func:`client_mods`)."""
+    app = ClientApp(mods=client_mods(scenario))
 
     def spec_of(context: Context) -> tuple[Scenario, int]:
         return scenario, int(context.node_config["partition-id"])

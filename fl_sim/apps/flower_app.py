@@ -73,5 +73,12 @@ def train(msg: Message, context: Context) -> Message:
 def main(grid: Grid, context: Context) -> None:
     """All rounds of the run config's scenario, recorded in a fresh run directory."""
     scenario = _scenario(context)
+    if scenario.federation.secagg is not None or scenario.federation.central_dp is not None:
+        # Their client mods are fixed when a ClientApp is built; these module-level apps are
+        # built before the run config names the scenario.
+        raise ValueError(
+            f"scenario {scenario.name!r}: [federation] defences (SecAgg+, central DP) run in "
+            "fl-sim's simulation only (`fl-sim run`), not under `flwr run`"
+        )
     out = Path(str(context.run_config.get("out", "runs")))
-    run_federation(grid, scenario, new_run_dir(None, scenario.name, root=out))
+    run_federation(grid, context, scenario, new_run_dir(None, scenario.name, root=out))

@@ -8,18 +8,20 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common import Scalar
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import nn
 
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
 from strategies import LeftOut
-from strategies.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND
+from strategies.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 
 ROUNDS_FILE = "rounds.jsonl"
 CLIENTS_FILE = "clients.jsonl"
@@ -42,10 +44,20 @@ class RunRecorder:
         Where ``rounds.jsonl`` and ``clients.jsonl`` grow.
     progress
         Stream for the progress line (``None``: silent).
+    round_epsilon
+        Round -> the federation's epsilon after it, under central DP: written beside each
+        round's test metrics.
     """
 
-    def __init__(self, scenario: Scenario, run_dir: Path, progress: TextIO | None = sys.stderr):
+    def __init__(
+        self,
+        scenario: Scenario,
+        run_dir: Path,
+        progress: TextIO | None = sys.stderr,
+        round_epsilon: Callable[[int], float] | None = None,
+    ):
         self.scenario = scenario
+        self.round_epsilon = round_epsilon
         self.run_dir = run_dir
         self.progress = progress
         self.started = time.perf_counter()
@@ -68,6 +80,8 @@ class RunRecorder:
             "test_accuracy": accuracy,
             "seconds": time.perf_counter() - self.started,
         }
+        if self.round_epsilon is not None and server_round > 0:
+            row["epsilon"] = self.round_epsilon(server_round)
         append_jsonl(self.run_dir / ROUNDS_FILE, row)
         self._show(row)
         return MetricRecord({"test-loss": loss, "test-accuracy": accuracy})
@@ -85,6 +99,19 @@ class RunRecorder:
                 row |= {k.replace("-", "_"): v for k, v in declared.items()}
                 append_jsonl(self.run_dir / CLIENTS_FILE, row)
         return aggregate_metricrecords(contents, weighted_by_key)
+
+    def legacy_client_metrics(
+        self, fit_metrics: list[tuple[int, dict[str, Scalar]]]
+    ) -> dict[str, Scalar]:
+        """As :meth:`client_metrics`, for the legacy strategy under SecAgg+, whose clients
+        declare themselves in their fit metrics: the weighted mean training loss."""
+        for _, declared in fit_metrics:
+            row = {"round": declared.get(SERVER_ROUND), "client": declared.get(PARTITION_ID)}
+            row |= {"status": OK} | {k.replace("-", "_"): v for k, v in declared.items()}
+            append_jsonl(self.run_dir / CLIENTS_FILE, row)
+        total = sum(n for n, _ in fit_metrics)
+        loss = sum(n * float(m[TRAIN_LOSS]) for n, m in fit_metrics) / total
+        return {TRAIN_LOSS: loss}
 
     def left_out(self, fault: LeftOut) -> None:
         """Record a client left out of aggregation: what it declared, the status and the

@@ -1,4 +1,6 @@
-"""The ServerApp: FedAvg over every client, each round, with the global model tested centrally.
+"""The ServerApp: FedAvg over every client, each round, with the global model tested centrally
+(under a federation-wide defence: inside Flower's central DP wrapper, or behind SecAgg+, see
+:mod:`fl_sim.apps.secagg_server`).
 
 Every reply is screened first (:class:`strategies.FaultTolerant`): a client that failed or sent
 what cannot be aggregated is recorded, in ``clients.jsonl`` and the audit, and left out, and
@@ -7,6 +9,7 @@ the run goes on.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -15,8 +18,11 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from fl_sim.apps.central_dp import central_epsilon, with_central_dp
+from fl_sim.apps.client import drawn_samples
 from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterruptedError
 from fl_sim.apps.recorder import RunRecorder
+from fl_sim.apps.secagg_server import federate_secagg
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
@@ -34,16 +40,19 @@ def initial_arrays(scenario: Scenario, data: DataDescription) -> ArrayRecord:
     return ArrayRecord(scenario.model.build(data).state_dict())
 
 
-def build_strategy(scenario: Scenario, recorder: RunRecorder) -> FedAvg:
-    """FedAvg that trains every client each round and evaluates only centrally."""
+def build_strategy(scenario: Scenario, recorder: RunRecorder) -> Strategy:
+    """FedAvg that trains every client each round and evaluates only centrally; under central
+    DP inside Flower's fixed-clipping wrapper (:func:`fl_sim.apps.central_dp.with_central_dp`)."""
     n = len(scenario.clients)
-    return FedAvg(
+    fedavg = FedAvg(
         fraction_train=1.0,
         fraction_evaluate=0.0,
         min_train_nodes=n,
         min_available_nodes=n,
         train_metrics_aggr_fn=recorder.client_metrics,
     )
+    dp = scenario.federation.central_dp
+    return fedavg if dp is None else with_central_dp(fedavg, dp, n)
 
 
 def attacked_layer(scenario: Scenario, data: DataDescription) -> tuple[str, str]:
@@ -54,7 +63,11 @@ def attacked_layer(scenario: Scenario, data: DataDescription) -> tuple[str, str]
 
 
 def run_federation(
-    grid: Grid, scenario: Scenario, run_dir: Path, interruption: Interruption | None = None
+    grid: Grid,
+    context: Context,
+    scenario: Scenario,
+    run_dir: Path,
+    interruption: Interruption | None = None,
 ) -> None:
     """All rounds of ``scenario`` on ``grid``, recorded in ``run_dir``; with the audit on, the
     server is honest but curious and every attack is collected before this returns.
@@ -62,12 +75,13 @@ def run_federation(
     With ``interruption``, a requested stop ends the run at the server's next wait for
     replies (:class:`~fl_sim.apps.interruption.RunInterruptedError`): the attacks still running are
     recorded as interrupted, without waiting for them, and ``interruption.done()`` is called
-    however the run ended.
+    however the run ended. Under SecAgg+ the legacy workflow keeps its state in ``context``,
+    the ServerApp's.
     """
     if interruption is not None:
         interruption.begin()
     try:
-        _federate(grid, scenario, run_dir, interruption)
+        _federate(grid, context, scenario, run_dir, interruption)
     except RunInterruptedError:  # asked for: the main thread reports what was recorded
         log.info("the server stopped: the run was interrupted")
     finally:
@@ -76,16 +90,20 @@ def run_federation(
 
 
 def _federate(
-    grid: Grid, scenario: Scenario, run_dir: Path, interruption: Interruption | None
+    grid: Grid,
+    context: Context,
+    scenario: Scenario,
+    run_dir: Path,
+    interruption: Interruption | None,
 ) -> None:
     if interruption is not None:
         grid = InterruptibleGrid(grid, interruption)
-    recorder = RunRecorder(scenario, run_dir)
+    recorder = RunRecorder(scenario, run_dir, round_epsilon=central_epsilon(scenario))
     strategy: Strategy = build_strategy(scenario, recorder)
     described = recorder.data.description
+    layer = attacked_layer(scenario, described)
     auditor = None
     if scenario.audit.enabled:
-        layer = attacked_layer(scenario, described)
         auditor = Auditor(
             scenario.audit,
             recorder.data,
@@ -94,6 +112,8 @@ def _federate(
             architecture=scenario.model.build(described),
             layer=layer,
             cluster=scenario.cluster,
+            round_epsilon=central_epsilon(scenario),
+            draws=functools.partial(drawn_samples, scenario, recorder.data),
         )
         strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
 
@@ -102,18 +122,22 @@ def _federate(
         if auditor is not None:
             auditor.left_out(fault)
 
-    strategy = FaultTolerant(strategy, left_out)
     try:
         start = initial_arrays(scenario, described)
-        result = strategy.start(
-            grid=grid,
-            initial_arrays=start,
-            num_rounds=scenario.rounds,
-            evaluate_fn=recorder.evaluate,
-        )
-        # Flower's result holds the last aggregate: none when every round failed, and the global
-        # model is then the initial one.
-        final = result.arrays if len(result.arrays) else start
+        if scenario.federation.secagg is not None:
+            final = federate_secagg(
+                grid, context, scenario, recorder, auditor, start, layer, left_out
+            )
+        else:
+            result = FaultTolerant(strategy, left_out).start(
+                grid=grid,
+                initial_arrays=start,
+                num_rounds=scenario.rounds,
+                evaluate_fn=recorder.evaluate,
+            )
+            # Flower's result holds the last aggregate: none when every round failed, and the
+            # global model is then the initial one.
+            final = result.arrays if len(result.arrays) else start
         torch.save(final.to_torch_state_dict(), run_dir / MODEL_FILE)
     finally:
         if auditor is not None:
@@ -129,6 +153,6 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_federation(grid, scenario, run_dir, interruption)
+        run_federation(grid, context, scenario, run_dir, interruption)
 
     return app

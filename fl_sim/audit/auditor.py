@@ -4,6 +4,10 @@ federation (one per attack the audit runs on it), and every finished job one lin
 vulnerability proxies go to ``proxies.jsonl``, and at the end the per-round correlation of each
 proxy with the optimisation attack's error to ``forecast.jsonl``.
 
+Under SecAgg+ the server holds only each round's sum (:meth:`Auditor.queue_aggregate`): it is
+attacked as one batch of every summed client's samples, and the judge files the cohort's
+record and one per client with what of its own samples came back.
+
 Ground truth (which samples a client trained on) enters only here, after the attack returned,
 and in the judge's own proxy jobs.
 """
@@ -34,17 +38,19 @@ from fl_sim.audit.executors import WorkerJob, make_executor
 from fl_sim.audit.grid import save_grid
 from fl_sim.audit.heatmap import save_heatmap
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
-from fl_sim.audit.metrics import match_and_score
+from fl_sim.audit.metrics import BatchQuality, match_and_score
 from fl_sim.audit.plans import PLANS, AttackRun, audit_runs, covers
 from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, write_proxy_arrays
 from fl_sim.audit.updates import save_update
 from fl_sim.config.cluster import ClusterSpec
+from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.forecast.table import joined_samples, round_correlations
 from fl_sim.model import array_keys, next_linear
-from fl_sim.report.build import read_jsonl
-from strategies import InterceptedUpdate, LeftOut, update_as_gradient
+from fl_sim.report.build import COHORT_VIEW, read_jsonl
+from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut, update_as_gradient
+from strategies.quantisation import secagg_noise_std
 from strategies.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TRAIN_LOSS
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,10 @@ GRID_DIR = "grids"
 PROXY_RUN = "proxies"
 # The status of the attacks still running when the run was interrupted.
 INTERRUPTED = "interrupted"
+# Under secure aggregation: the record of the attack on a round's sum (its ``client``), and
+# the ``view`` of that record and of the per-client records drawn from it.
+COHORT = -1
+AGGREGATE_VIEW = "aggregate"
 
 
 def _name(base: Mapping[str, Any], suffix: str) -> str:
@@ -123,6 +133,12 @@ class Auditor:
     cluster
         Where the jobs run: its ``attack_executor`` with ``spec.workers`` jobs at once
         (default: a local pool of that many processes).
+    round_epsilon
+        Round -> the federation's epsilon after it (central DP): the records' ``epsilon`` where
+        a client declares none of its own.
+    draws
+        (client, round) -> the ids of the samples the client trained on: ground truth for
+        judging secure aggregates, whose clients send none (the simulation's own draw).
     """
 
     def __init__(
@@ -135,8 +151,12 @@ class Auditor:
         layer: tuple[str, str] = ("weight", "bias"),
         done: Collection[tuple[int, int, str]] = (),
         cluster: ClusterSpec | None = None,
+        round_epsilon: Callable[[int], float] | None = None,
+        draws: Callable[[int, int], np.ndarray] | None = None,
     ) -> None:
         self.spec = spec
+        self.round_epsilon = round_epsilon
+        self.draws = draws
         self.data = data
         self.run_dir = run_dir
         self.seed = seed
@@ -273,14 +293,13 @@ class Auditor:
             self._pending[(record["round"], record["client"], run)] = record
         self._executor.submit(job, on_outcome=callback, on_error=failed)
 
-    @classmethod
-    def _base(cls, update: InterceptedUpdate) -> dict[str, Any]:
+    def _base(self, update: InterceptedUpdate) -> dict[str, Any]:
         declared = update.declared
         client = int(declared.get(PARTITION_ID, update.node_id))
-        return cls._base_of(update.server_round, update.node_id, client, declared, update.audit)
+        return self._base_of(update.server_round, update.node_id, client, declared, update.audit)
 
-    @staticmethod
     def _base_of(
+        self,
         server_round: int,
         node_id: int,
         client: int,
@@ -289,6 +308,8 @@ class Auditor:
     ) -> dict[str, Any]:
         """What every record of this client's reply says, whatever became of it."""
         epsilon = declared.get(EPSILON)
+        if epsilon is None and self.round_epsilon is not None:
+            epsilon = self.round_epsilon(server_round)
         return {
             **dict.fromkeys(METRIC_KEYS),
             "round": server_round,
@@ -457,14 +478,32 @@ class Auditor:
         if out.error is not None or out.inputs is None:
             self._write({**record, "status": "refused", "reason": out.error}, run)
             return
+        rec, truth, quality = self._score(out, ids)
+        record |= self._attack_fields(out) | self._quality_fields(quality, ids)
+        record["share_certified"] = out.summary["certified"] / max(len(ids), 1)
+        if "label_values" in out.summary["settings"]:
+            record["labels_recovered"] = out.summary["settings"]["label_values"]
+        self._grid(record, run, truth, rec, quality)
+        self._write(record, run)
+
+    def _score(
+        self, out: AttackOutcome, ids: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor, BatchQuality]:
+        """The reconstruction and the truth on the data's [0, 1] scale, matched and scored."""
         described = self.data.description
         truth = self.data.unit(ids)
+        if out.inputs is None:
+            raise ValueError("the attack returned no reconstruction")
         rec = described.normalization.undo(
             torch.from_numpy(out.inputs).reshape(-1, *described.input_shape)
         )
-        quality = match_and_score(rec, truth)
+        return rec, truth, match_and_score(rec, truth)
+
+    @staticmethod
+    def _attack_fields(out: AttackOutcome) -> dict[str, Any]:
+        """What the attack said of its reconstruction, without ground truth."""
         summary = out.summary
-        record |= {
+        return {
             "status": summary["status"],
             "reason": summary["reason"],
             "batch_size_estimated": summary["batch_size"],
@@ -475,32 +514,196 @@ class Auditor:
             "noise_std_used": summary.get("noise_std_used"),
             "undeclared_noise": summary.get("undeclared_noise"),
             "noise_note": summary.get("noise_note"),
-            **{k: v for k, v in quality.summary().items() if k != "samples"},
             # What the attack vouches for without ground truth: columns (each one sample's
             # output gradient) and samples (inputs), beside what the judge found.
             "columns_verified": summary["verified"],
             "certified": summary["certified"],
-            "share_certified": summary["certified"] / max(len(ids), 1),
             "confidence_mean": summary["confidence_mean"],
             "timings": summary["timings"],
             "counts": summary["counts"],
+        }
+
+    def _quality_fields(self, quality: BatchQuality, ids: np.ndarray) -> dict[str, Any]:
+        """The judge's figures over the true samples ``ids``, and each sample's."""
+        return {
+            **{k: v for k, v in quality.summary().items() if k != "samples"},
             "samples": [
                 {"id": int(i), "label": int(self.data.labels[i]), "psnr": float(p), "mse": float(m)}
                 for i, p, m in zip(ids, quality.psnr, quality.mse, strict=True)
             ],
         }
-        if "label_values" in summary["settings"]:
-            record["labels_recovered"] = summary["settings"]["label_values"]
-        if self.spec.grids and len(ids):
-            matched = np.zeros_like(truth.numpy())
-            ok = quality.match >= 0
-            matched[ok] = rec.numpy()[quality.match[ok]]
-            # SPEAR++'s grids keep the names they had before there were other attacks.
-            name = _name(base, ".png" if run == "spearpp" else f"-{run}.png")
-            # Images side by side; tabular records as a heat-map of the B x n matrix.
-            save = save_grid if described.is_image else save_heatmap
-            save(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
-            record["grid"] = f"{GRID_DIR}/{name}"
+
+    def _grid(
+        self,
+        record: dict[str, Any],
+        run: str,
+        truth: torch.Tensor,
+        rec: torch.Tensor,
+        quality: BatchQuality,
+    ) -> None:
+        """Save the originals over their matched reconstructions; name it in ``record``."""
+        if not self.spec.grids or not len(truth):
+            return
+        matched = np.zeros_like(truth.numpy())
+        ok = quality.match >= 0
+        matched[ok] = rec.numpy()[quality.match[ok]]
+        # SPEAR++'s grids keep the names they had before there were other attacks.
+        name = _name(record, ".png" if run == "spearpp" else f"-{run}.png")
+        # Images side by side; tabular records as a heat-map of the B x n matrix.
+        save = save_grid if self.data.description.is_image else save_heatmap
+        save(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
+        record["grid"] = f"{GRID_DIR}/{name}"
+
+    # -- secure aggregation ------------------------------------------------------------------
+
+    def queue_aggregate(self, aggregate: InterceptedAggregate, secagg: SecAggSpec) -> int:
+        """Queue the first-layer attacks on a SecAgg+ round's sum, as one batch of every summed
+        client's samples; returns how many were queued.
+
+        The attack is told what the server can work out: the quantisation noise of Flower's
+        settings and the summed clients' weights (with ``knows_noise``), the total of their
+        declared batch sizes (with ``knows_batch_size``). Whole-model attacks are not run on a
+        sum of updates.
+        """
+        server_round = aggregate.server_round
+        members = []
+        for node, declared in zip(aggregate.node_ids, aggregate.declared, strict=True):
+            client = int(declared.get(PARTITION_ID, node))
+            ids = self.draws(client, server_round) if self.draws is not None else np.empty(0)
+            audit = {SAMPLE_IDS: [int(i) for i in ids]}
+            base = self._base_of(server_round, node, client, declared, audit)
+            members.append(({**base, "view": AGGREGATE_VIEW}, np.asarray(ids, dtype=np.int64)))
+        clients = [m["client"] for m, _ in members]
+        cohort = {
+            **dict.fromkeys(METRIC_KEYS),
+            "round": server_round,
+            "client": COHORT,
+            "node_id": None,
+            "defence": "secagg",
+            "epsilon": None,
+            "view": COHORT_VIEW,
+            "clients": clients,
+            "dropped_nodes": list(aggregate.dropped),
+            "batch_size": int(sum(len(ids) for _, ids in members)),
+        }
+        runs = [
+            r
+            for r in self.runs
+            if not ATTACKS[r.attack].whole_model
+            and any(covers(self.spec, r, server_round, c) for c in clients)
+        ]
+        queued = 0
+        for run in runs:
+            if (server_round, COHORT, run.label) in self.done:
+                continue
+            job, knowledge = self._aggregate_job(aggregate, secagg, cohort, run)
+            record = {**cohort, "attack": run.attack, "knowledge": knowledge}
+            self._submit(
+                run.label,
+                record,
+                job,
+                functools.partial(self._judge_cohort, base=record, members=members, run=run.label),
+            )
+            queued += 1
+        return queued
+
+    def _aggregate_job(
+        self,
+        aggregate: InterceptedAggregate,
+        secagg: SecAggSpec,
+        cohort: Mapping[str, Any],
+        run: AttackRun,
+    ) -> tuple[AttackJob, dict[str, str]]:
+        """The attack's inputs for a sum: the averaged update as one gradient."""
+        lrs = [float(d.get("lr", 1.0)) for d in aggregate.declared]
+        # One step of every client at one lr makes the average step lr times the gradient of
+        # the union batch; with several lrs the columns are rescaled, which SPEAR++ ignores.
+        lr = sum(lrs) / len(lrs)
+        knowledge = {"lr": "declared" if len(set(lrs)) == 1 else "mean of the declared lrs"}
+        knowledge["view"] = (
+            f"the SecAgg+ sum of {len(lrs)} clients: one batch of their samples together"
+        )
+        batch_size = None
+        declared_sizes = [d.get("batch-size") for d in aggregate.declared]
+        if self.spec.knows_batch_size and all(isinstance(b, int) for b in declared_sizes):
+            batch_size = int(sum(declared_sizes))  # type: ignore[arg-type]
+            knowledge["batch_size"] = "sum of the declared"
+        else:
+            knowledge["batch_size"] = "estimated"
+        noise_std = 0.0
+        if self.spec.knows_noise:
+            weights = aggregate.num_examples
+            quantisation = secagg_noise_std(
+                weights, secagg.clipping_range, secagg.quantization_range, secagg.max_weight
+            )
+            # Each DP client's own noise, weighted into the average as its update is.
+            dp = math.sqrt(
+                sum(
+                    (n * float(d.get("noise-std", 0.0))) ** 2 * int(d.get("steps", 1))
+                    for n, d in zip(weights, aggregate.declared, strict=True)
+                )
+            ) / sum(weights)
+            noise_std = math.hypot(quantisation, dp) / lr
+            knowledge["noise"] = "SecAgg+ quantisation" + (" + declared DP" if dp else "")
+        else:
+            knowledge["noise"] = "not told: estimated from the gradient's spectrum"
+        w_key, b_key = self.layer
+        sent = {w_key: aggregate.sent_weight, b_key: aggregate.sent_bias}
+        summed = {w_key: aggregate.weight, b_key: aggregate.bias}
+        gradient = {
+            k: update_as_gradient(sent[k].astype(np.float64), summed[k].astype(np.float64), lr)
+            for k in sent
+        }
+        weights64 = {k: v.astype(np.float64) for k, v in sent.items()}
+        path = self.run_dir / JOBS_DIR / _name(cohort, f"-{run.label}.npz")
+        arrays = write_arrays(path, weights=weights64, gradient=gradient)
+        view = ServerView({}, {}, self.layer, batch_size=batch_size, noise_std=noise_std or None)
+        seed = self.seed * 7919 + cohort["round"] * 101 + COHORT
+        config = PLANS[run.attack].settings(self.spec, run, seed)
+        job = AttackJob(cohort["round"], COHORT, run.label, run.attack, arrays, view, config)
+        return job, knowledge
+
+    def _judge_cohort(
+        self,
+        out: AttackOutcome,
+        base: dict[str, Any],
+        members: list[tuple[dict[str, Any], np.ndarray]],
+        run: str,
+    ) -> None:
+        """Score the attack on a sum: the cohort's record, and one per summed client with what
+        of its own samples came back (each recovered sample goes to the client whose sample it
+        was matched to)."""
+        record = {**base, "seconds": out.seconds}
+        per_client = [{**m, "attack": base["attack"], "seconds": out.seconds} for m, _ in members]
+        if out.error is not None or out.inputs is None:
+            for mine in per_client:
+                self._write({**mine, "status": "refused", "reason": out.error})
+            self._write({**record, "status": "refused", "reason": out.error}, run)
+            return
+        ids = np.concatenate([ids for _, ids in members]) if members else np.empty(0, np.int64)
+        rec, truth, quality = self._score(out, ids)
+        fields = self._attack_fields(out)
+        start = 0
+        for mine, (_, own) in zip(per_client, members, strict=True):
+            part = slice(start, start + len(own))
+            start += len(own)
+            share = BatchQuality(
+                match=quality.match[part],
+                psnr=quality.psnr[part],
+                mse=quality.mse[part],
+                ssim=None if quality.ssim is None else quality.ssim[part],
+            )
+            mine |= {
+                **fields,
+                "certified": None,  # the attack certifies samples of the sum, not of a client
+                **self._quality_fields(share, own),
+                "knowledge": base["knowledge"],
+                "cohort": {"clients": base["clients"], "batch_size": base["batch_size"]},
+            }
+            self._grid(mine, run, truth[part], rec, share)
+            self._write(mine)
+        record |= fields | self._quality_fields(quality, ids)
+        record["share_certified"] = fields["certified"] / max(len(ids), 1)
         self._write(record, run)
 
     def _proxies_done(self, out: ProxyOutcome, row: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from attacks.inversion import LOSSES, InversionConfig, InversionSettings
 from clients.defences import DefenceSettings, TrainingSettings
 from clients.settings import Bool, Int, Real, Settings, Str
 from fl_sim.config.cluster import ClusterSpec, CpuAmount, GpuAmount
+from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
 from fl_sim.model import fc_relu_net
 
@@ -255,8 +256,9 @@ class ResourcesSpec(Settings):
 
 
 class Scenario(Settings):
-    """A whole run: rounds, seed, data, model, one spec per client, the audit, and where the
-    work runs (each simulated client's Ray resources, the cluster)."""
+    """A whole run: rounds, seed, data, model, one spec per client, the audit, where the work
+    runs (each simulated client's Ray resources, the cluster), and the federation-wide
+    defence, if any (``[federation]``: SecAgg+ or central DP)."""
 
     name: Str = "scenario"
     rounds: AtLeastOne = 3
@@ -267,6 +269,7 @@ class Scenario(Settings):
     audit: AuditSpec = AuditSpec()
     resources: ResourcesSpec = ResourcesSpec()
     cluster: ClusterSpec = ClusterSpec()
+    federation: FederationSpec = FederationSpec()
 
     @property
     def client_cpus(self) -> float:
@@ -299,4 +302,18 @@ class Scenario(Settings):
                 bad = [i for i in ids if not low <= i <= high]
                 if bad:
                     raise ValueError(f"{table}.{key} = {list(ids)}: {bad} outside {low}..{high}")
+        secagg = self.federation.secagg
+        if secagg is not None:
+            count = len(self.clients)
+            if count < 2:
+                raise ValueError(
+                    f"federation.secagg with clients.count = {count}: SecAgg+ sums at least 2 "
+                    "clients"
+                )
+            threshold = secagg.reconstruction_threshold
+            if isinstance(threshold, int) and threshold > count:
+                raise ValueError(
+                    f"federation.secagg.reconstruction_threshold = {threshold}: at most "
+                    f"clients.count = {count} (a secret needs that many of its neighbours' shares)"
+                )
         return self

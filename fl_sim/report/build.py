@@ -21,6 +21,8 @@ from fl_sim.report.forecast import correlation_table, exposure_table, forecast_s
 from fl_sim.report.plots import epsilon_vs_leakage, leakage_per_defence, leakage_per_round
 
 REPORT_FILE = "report.html"
+# The ``view`` of the record of an attack on a secure aggregate (fl_sim.audit.auditor).
+COHORT_VIEW = "cohort"
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -40,7 +42,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     vouches for without ground truth)."""
     by_client: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
-        if is_spearpp(r):
+        if is_spearpp(r) and not is_cohort(r):
             by_client[r["client"]].append(r)
     # As wide as the longest defence label (a client's update mods join it: fedsgd+topk).
     wide = max([8, *(len(r["defence"]) for rows in by_client.values() for r in rows)])
@@ -68,6 +70,44 @@ def summary_table(records: list[dict[str, Any]]) -> str:
             f"{_fmt(mean):>9} {_fmt(low):>8} {_fmt(exact and 100 * exact, '{:.0f}%'):>6} "
             f"{_fmt(near and 100 * near, '{:.0f}%'):>6} "
             f"{_fmt(cert if cert is None else 100 * cert, '{:.0f}%'):>6}"
+        )
+    return "\n".join(lines)
+
+
+def is_cohort(record: dict[str, Any]) -> bool:
+    """Whether a record is the attack on a secure aggregate as a whole (not one client's)."""
+    return record.get("view") == COHORT_VIEW
+
+
+def cohort_table(records: list[dict[str, Any]]) -> str:
+    """Per round under secure aggregation: the summed clients, the samples in the sum, what the
+    attack on it found and the judge's shares over all of them, then over every round ('' when
+    the run had no secure aggregate)."""
+    rows = sorted((r for r in records if is_cohort(r)), key=lambda r: r["round"])
+    if not rows:
+        return ""
+    header = (
+        f"{'round':>5}  {'clients':>7} {'samples':>7}  {'status':<10} {'columns':>7} "
+        f"{'PSNR mean':>9} {'exact':>6} {'near':>6}  dropped"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r['round']:>5}  {len(r.get('clients', [])):>7} {r.get('batch_size') or 0:>7}  "
+            f"{r['status']:<10} {_fmt(r.get('columns_verified'), '{}'):>7} "
+            f"{_fmt(r.get('psnr_mean')):>9} "
+            f"{_fmt(r.get('share_exact') and 100 * r['share_exact'], '{:.0f}%'):>6} "
+            f"{_fmt(r.get('share_near_exact') and 100 * r['share_near_exact'], '{:.0f}%'):>6}  "
+            f"{len(r.get('dropped_nodes', []))}"
+        )
+    scored = [r for r in rows if r.get("share_exact") is not None]
+    if scored:
+        samples = sum(r["batch_size"] for r in scored)
+        exact = sum(r["share_exact"] * r["batch_size"] for r in scored) / max(samples, 1)
+        near = sum(r["share_near_exact"] * r["batch_size"] for r in scored) / max(samples, 1)
+        lines.append(
+            f"over {len(scored)} rounds, {samples} samples: {100 * exact:.0f}% exact, "
+            f"{100 * near:.0f}% near-exact"
         )
     return "\n".join(lines)
 
@@ -154,7 +194,11 @@ def build_report(run_dir: Path) -> Path:
     )
     plots_dir = run_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
-    scored = [r for r in records if r.get("psnr_mean") is not None and is_spearpp(r)]
+    scored = [
+        r
+        for r in records
+        if r.get("psnr_mean") is not None and is_spearpp(r) and not is_cohort(r)
+    ]
     figures = []
     if scored:
         figures = [
@@ -192,6 +236,28 @@ def build_report(run_dir: Path) -> Path:
         "for, without ground truth (columns: the samples' output gradients it verified).</p>",
         f"<h2>Summary per client</h2><pre>{html.escape(summary_table(records))}</pre>",
     ]
+    cohorts = cohort_table(records)
+    if cohorts:
+        parts.append(
+            "<h2>Secure aggregation: the sum the server saw</h2><p>Under SecAgg+ the server "
+            "receives only the masked, quantised sum of each round's cohort: SPEAR++ attacked it "
+            "as one batch of every summed client's samples (quantisation noise told when "
+            "<code>knows_noise</code>), and the judge gave each recovered sample to the client "
+            "it belongs to (the per-client rows above, <code>view: aggregate</code>).</p>"
+            f"<pre>{html.escape(cohorts)}</pre>"
+        )
+    epsilons = [r for r in rounds if r.get("epsilon") is not None]
+    if epsilons:
+        parts.append(
+            "<h2>Central DP: Flower's epsilon per round</h2><p>Noise is added to the aggregate "
+            "only: the honest-but-curious server attacked each update before it (clipped, for "
+            "client-side clipping). Epsilon: Opacus' RDP accountant on Flower's noise "
+            "multiplier, every client in every round (no sampling amplification).</p><pre>"
+            + html.escape(
+                "\n".join(f"round {r['round']:>3}: epsilon {r['epsilon']:.3g}" for r in epsilons)
+            )
+            + "</pre>"
+        )
     if faults:
         parts.append(
             "<h2>Clients left out of aggregation</h2><p>Their training diverged, their round "
@@ -236,7 +302,7 @@ def build_report(run_dir: Path) -> Path:
             else html.escape(str(r.get("reason") or ""))
         )
         parts.append(
-            f"<tr><td>{r['round']}</td><td>{r['client']}</td>"
+            f"<tr><td>{r['round']}</td><td>{'sum' if is_cohort(r) else r['client']}</td>"
             f"<td>{html.escape('-' if 'attack' in r and r['attack'] is None else record_run(r))}"
             "</td>"
             f"<td>{html.escape(r['defence'])}</td>"

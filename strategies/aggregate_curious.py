@@ -1,0 +1,124 @@
+"""The honest-but-curious server under secure aggregation: it sees only the sum, and attacks it.
+
+Flower's ``SecAggPlusWorkflow`` unmasks the cohort's quantised sum and hands it to the legacy
+strategy's ``aggregate_fit`` as every client's ``FitRes.parameters`` (the same weighted average
+in each): that call is the one place the server holds anything of the clients' updates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from strategies.intercepted_aggregate import InterceptedAggregate
+
+log = logging.getLogger(__name__)
+
+AggregateSink = Callable[[InterceptedAggregate], None]
+
+
+class AggregateCurious(Strategy):
+    """Wrap a legacy ``flwr.server.strategy`` strategy: same instructions out, same aggregate
+    in, the unmasked sum seen first.
+
+    Parameters
+    ----------
+    strategy
+        The legacy strategy SecAgg+'s workflow drives (e.g. ``flwr.server.strategy.FedAvg``).
+    sink
+        Receives each round's aggregate reduced to the attacked layer; it must return quickly.
+        An exception in it is logged and never reaches the federation.
+    layer
+        Positions of the attacked layer's weight and bias in the legacy parameter list.
+    """
+
+    def __init__(self, strategy: Strategy, sink: AggregateSink, layer: tuple[int, int]) -> None:
+        super().__init__()
+        self.strategy = strategy
+        self.sink = sink
+        self.layer = layer
+        self._sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._sampled: dict[int, set[int]] = {}
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Delegate."""
+        return self.strategy.initialize_parameters(client_manager)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Remember the attacked layer as sent and who was sampled, then delegate."""
+        arrays = parameters_to_ndarrays(parameters)
+        w, b = self.layer
+        self._sent = {server_round: (arrays[w].copy(), arrays[b].copy())}
+        instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
+        self._sampled = {server_round: {proxy.node_id for proxy, _ in instructions}}
+        return instructions
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """Hand the unmasked aggregate to the sink, then aggregate as the wrapped does."""
+        if results:
+            try:
+                self.sink(self._intercept(server_round, results))
+            except Exception:  # the federation goes on whatever the attack side does
+                log.exception("the aggregate sink failed on round %d", server_round)
+        return self.strategy.aggregate_fit(server_round, results, failures)
+
+    def _intercept(
+        self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
+    ) -> InterceptedAggregate:
+        # SecAgg+ set every result's parameters to the one unmasked average.
+        arrays = parameters_to_ndarrays(results[0][1].parameters)
+        w, b = self.layer
+        summed = {proxy.node_id for proxy, _ in results}
+        return InterceptedAggregate(
+            server_round=server_round,
+            node_ids=tuple(proxy.node_id for proxy, _ in results),
+            declared=tuple(dict(res.metrics) for _, res in results),
+            num_examples=tuple(res.num_examples for _, res in results),
+            dropped=tuple(sorted(self._sampled.get(server_round, set()) - summed)),
+            sent_weight=self._sent[server_round][0],
+            sent_bias=self._sent[server_round][1],
+            weight=arrays[w],
+            bias=arrays[b],
+        )
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Delegate."""
+        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        """Delegate."""
+        return self.strategy.aggregate_evaluate(server_round, results, failures)
+
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
+        """Delegate (the central test of the global model)."""
+        return self.strategy.evaluate(server_round, parameters)
