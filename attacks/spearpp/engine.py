@@ -42,6 +42,8 @@ _FINAL_RATIO = 0.1
 _NOISY_MIN_AGREEMENT = 0.92
 # Lowest sparsity matching coefficient of a sample in a batch called exact.
 _EXACT_MATCHING = 0.95
+# Zero tolerances below this relative level are float64's: a column verified there is exact.
+_FINE_PRECISION = 1e-10
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
 # Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
@@ -406,11 +408,13 @@ def run_spearpp(
             solution = solve_inputs(columns, left, fac.right, obs, rule, next_layer)
     verified = torch.zeros(b, dtype=torch.bool)
     verified[: min(found, b)] = True
-    # Exact needs every column verified; under noise, columns verified at the noise level can
-    # still be off, so each sample's inactive neurons must also match its gradient's zeros.
-    # (Without noise the certificate is exact already, and multi-step updates legitimately
-    # match less: their zeros are those shared by every local step.)
-    matched = not noise_std or float(solution.matching.min()) >= _EXACT_MATCHING
+    # Exact needs every column verified; under noise, or at float32's round-off, columns
+    # verified at that level can still be off (16 float32 digits at m=200 verified 16 mixes),
+    # so each sample's inactive neurons must also match its gradient's zeros. (At float64's
+    # round-off the certificate is exact already, and multi-step updates legitimately match
+    # less: their zeros are those shared by every local step.)
+    coarse = bool(noise_std) or obs.precision > _FINE_PRECISION
+    matched = not coarse or float(solution.matching.min()) >= _EXACT_MATCHING
     exact = found >= b and matched
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
     if not exact:
