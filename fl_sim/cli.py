@@ -250,8 +250,11 @@ def _report(args: argparse.Namespace) -> int:
     from fl_sim.report import build_report
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "rounds.jsonl").is_file():
-        raise SystemExit(f"fl-sim report: {run_dir} is not a run directory (no rounds.jsonl)")
+    # A run of fl-sim has rounds.jsonl; an audited Flower app of one's own only audit.jsonl.
+    if not any((run_dir / name).is_file() for name in ("rounds.jsonl", "audit.jsonl")):
+        raise SystemExit(
+            f"fl-sim report: {run_dir} is not a run directory (no rounds.jsonl, no audit.jsonl)"
+        )
     build_report(run_dir)
     _print_summary(run_dir)
     return 0
