@@ -37,7 +37,7 @@ def train(msg: Message, context: Context) -> Message:
         int(context.run_config["local-epochs"]),
         float(msg.content["config"]["lr"]),
     )
-    metrics = MetricRecord({"train_loss": train_loss, "num-examples": len(trainloader.dataset)})
+    metrics = MetricRecord({"train_loss": train_loss, "num-examples": len(trainloader.sampler)})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)
 

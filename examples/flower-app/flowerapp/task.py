@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 # 8 x 8 grey digits, pixels 0..16 scaled to [0, 1], then normalised.
 INPUT_SHAPE = (1, 8, 8)
@@ -29,7 +29,8 @@ def _digits() -> tuple[torch.Tensor, torch.Tensor]:
 def load_data(
     partition_id: int, num_partitions: int, samples: int, batch_size: int
 ) -> tuple[DataLoader[tuple[torch.Tensor, ...]], DataLoader[tuple[torch.Tensor, ...]]]:
-    """This client's ``samples`` training images and the shared test images."""
+    """A fresh batch of this client's ``samples`` training images each round (one SGD step
+    per epoch), and the shared test images."""
     x, y = _digits()
     train_x, train_y = x[TEST_SIZE:], y[TEST_SIZE:]
     if partition_id >= num_partitions or samples * num_partitions > len(train_x):
@@ -37,7 +38,11 @@ def load_data(
     part = slice(partition_id * samples, (partition_id + 1) * samples)
     train = TensorDataset(train_x[part], train_y[part])
     test = TensorDataset(x[:TEST_SIZE], y[:TEST_SIZE])
-    return DataLoader(train, batch_size=batch_size, shuffle=True), DataLoader(test, batch_size=100)
+    batches = RandomSampler(train, num_samples=batch_size)
+    return (
+        DataLoader(train, batch_size=batch_size, sampler=batches),
+        DataLoader(test, batch_size=100),
+    )
 
 
 def train(
