@@ -35,7 +35,7 @@ from clients.defences import Disclosure, declared_defences, defence_label
 from clients.defences.base import BATCH_SIZE, EPSILON, LR, STEPS, combined_noise
 from fl_sim.apps.recorder import append_jsonl
 from fl_sim.audit.executors import WorkerJob, make_executor
-from fl_sim.audit.grid import save_grid
+from fl_sim.audit.grid import save_grid, save_row
 from fl_sim.audit.heatmap import save_heatmap
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.metrics import BatchQuality, match_and_score
@@ -46,6 +46,7 @@ from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
+from fl_sim.data.normalize import Normalization
 from fl_sim.forecast.table import joined_samples, round_correlations
 from fl_sim.model import array_keys, next_linear
 from fl_sim.report.build import COHORT_VIEW, read_jsonl
@@ -68,6 +69,8 @@ METRIC_KEYS = (
     "ssim_mean", "seconds",
 )  # fmt: skip
 GRID_DIR = "grids"
+# Without ground truth: each reconstruction (inputs, certified mask), for the user to read.
+RECONSTRUCTIONS_DIR = "reconstructions"
 PROXY_RUN = "proxies"
 # The status of the attacks still running when the run was interrupted.
 INTERRUPTED = "interrupted"
@@ -117,6 +120,10 @@ class Auditor:
     data
         The run's data: only for judging (ground truth), never for attacking (bar the labels
         when ``knows_labels`` grants them, and the input range the server's pipeline fixes).
+        ``None`` for a federation whose data the server does not hold (a user's own Flower
+        app): SPEAR++ alone runs, and each record carries what the attack itself knows (status,
+        estimated batch size, certified samples, timings, the reconstruction under
+        ``reconstructions/`` and its grid), the judge's metrics ``None``.
     run_dir
         Where ``audit.jsonl``, ``proxies.jsonl`` and ``grids/`` grow.
     seed
@@ -139,12 +146,15 @@ class Auditor:
     draws
         (client, round) -> the ids of the samples the client trained on: ground truth for
         judging secure aggregates, whose clients send none (the simulation's own draw).
+    input_shape, normalization
+        Without ``data``: one input's shape (C x H x W images get grids) and the normalisation
+        to undo in them (none: each image stretched to [0, 1]).
     """
 
     def __init__(
         self,
         spec: AuditSpec,
-        data: FederatedData,
+        data: FederatedData | None,
         run_dir: Path,
         seed: int,
         architecture: nn.Module | None = None,
@@ -153,11 +163,20 @@ class Auditor:
         cluster: ClusterSpec | None = None,
         round_epsilon: Callable[[int], float] | None = None,
         draws: Callable[[int, int], np.ndarray] | None = None,
+        input_shape: tuple[int, ...] | None = None,
+        normalization: Normalization | None = None,
     ) -> None:
+        if data is None and (spec.proxies or spec.attacks != ("spearpp",)):
+            raise ValueError(
+                f"without ground truth only SPEAR++ can run: audit.attacks={list(spec.attacks)}"
+                f" and audit.proxies={spec.proxies} need the run's data"
+            )
         self.spec = spec
         self.round_epsilon = round_epsilon
         self.draws = draws
         self.data = data
+        self.input_shape = input_shape
+        self.normalization = normalization
         self.run_dir = run_dir
         self.seed = seed
         self.layer = layer
@@ -318,8 +337,15 @@ class Auditor:
             "defence": defence_label(declared),
             "epsilon": float(epsilon) if epsilon is not None else None,
             "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
-            "batch_size": len(audit.get(SAMPLE_IDS, [])),
+            # The true batch size is ground truth: unknown (None) where the client sent none.
+            "batch_size": len(audit[SAMPLE_IDS]) if SAMPLE_IDS in audit else None,
         }
+
+    def _truth(self) -> FederatedData:
+        """The run's data, for the paths that the constructor opens only with it."""
+        if self.data is None:
+            raise ValueError("this part of the audit needs the run's data (ground truth)")
+        return self.data
 
     def _ids(self, update: InterceptedUpdate) -> np.ndarray:
         return np.asarray(update.audit.get(SAMPLE_IDS, []), dtype=np.int64)
@@ -422,9 +448,9 @@ class Auditor:
         knowledge["gradient"] = f"update / (lr x {steps} steps)"
         labels = None
         if self.spec.knows_labels:
-            labels = tuple(int(v) for v in self.data.labels[self._ids(update)])
+            labels = tuple(int(v) for v in self._truth().labels[self._ids(update)])
         knowledge["labels"] = "told" if labels is not None else "recovered"
-        described = self.data.description
+        described = self._truth().description
         norm = described.normalization
         bounds = None
         # The attack registry shapes bounds per image channel (C x 1 x 1): a record's features
@@ -454,7 +480,7 @@ class Auditor:
         if self.architecture is None:  # the constructor refuses proxies without one
             raise ValueError("the proxies need the model's architecture")
         ids = self._ids(update)
-        inputs, labels = self.data.tensors(ids)
+        inputs, labels = self._truth().tensors(ids)
         path = write_proxy_arrays(
             self.run_dir / JOBS_DIR / _name(base, f"-{PROXY_RUN}.npz"),
             dict(sent_all),
@@ -478,6 +504,9 @@ class Auditor:
         if out.error is not None or out.inputs is None:
             self._write({**record, "status": "refused", "reason": out.error}, run)
             return
+        if self.data is None:
+            self._file_unjudged(out, record, run)
+            return
         rec, truth, quality = self._score(out, ids)
         record |= self._attack_fields(out) | self._quality_fields(quality, ids)
         record["share_certified"] = out.summary["certified"] / max(len(ids), 1)
@@ -490,8 +519,9 @@ class Auditor:
         self, out: AttackOutcome, ids: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor, BatchQuality]:
         """The reconstruction and the truth on the data's [0, 1] scale, matched and scored."""
-        described = self.data.description
-        truth = self.data.unit(ids)
+        data = self._truth()
+        described = data.description
+        truth = data.unit(ids)
         if out.inputs is None:
             raise ValueError("the attack returned no reconstruction")
         rec = described.normalization.undo(
@@ -525,10 +555,11 @@ class Auditor:
 
     def _quality_fields(self, quality: BatchQuality, ids: np.ndarray) -> dict[str, Any]:
         """The judge's figures over the true samples ``ids``, and each sample's."""
+        labels = self._truth().labels
         return {
             **{k: v for k, v in quality.summary().items() if k != "samples"},
             "samples": [
-                {"id": int(i), "label": int(self.data.labels[i]), "psnr": float(p), "mse": float(m)}
+                {"id": int(i), "label": int(labels[i]), "psnr": float(p), "mse": float(m)}
                 for i, p, m in zip(ids, quality.psnr, quality.mse, strict=True)
             ],
         }
@@ -550,7 +581,7 @@ class Auditor:
         # SPEAR++'s grids keep the names they had before there were other attacks.
         name = _name(record, ".png" if run == "spearpp" else f"-{run}.png")
         # Images side by side; tabular records as a heat-map of the B x n matrix.
-        save = save_grid if self.data.description.is_image else save_heatmap
+        save = save_grid if self._truth().description.is_image else save_heatmap
         save(truth.numpy(), matched, self.run_dir / GRID_DIR / name)
         record["grid"] = f"{GRID_DIR}/{name}"
 
@@ -704,6 +735,50 @@ class Auditor:
             self._write(mine)
         record |= fields | self._quality_fields(quality, ids)
         record["share_certified"] = fields["certified"] / max(len(ids), 1)
+        self._write(record, run)
+
+    def _file_unjudged(self, out: AttackOutcome, record: dict[str, Any], run: str) -> None:
+        """File a reconstruction that no ground truth judges: what the attack vouches for, the
+        reconstruction itself and, for images, its grid."""
+        summary = out.summary
+        inputs = out.inputs if out.inputs is not None else np.zeros((0, 0))
+        certified = out.certified if out.certified is not None else np.zeros(0, dtype=bool)
+        name = _name(record, "")
+        path = self.run_dir / RECONSTRUCTIONS_DIR / f"{name}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, inputs=inputs, certified=certified)
+        record |= {
+            "status": summary["status"],
+            "reason": summary["reason"],
+            "batch_size_estimated": summary["batch_size"],
+            "batch_size_method": summary["batch_size_method"],
+            "batch_size_confidence": summary.get("batch_size_confidence"),
+            "noise_std_estimated": summary.get("noise_std_estimated"),
+            "noise_std_used": summary.get("noise_std_used"),
+            "undeclared_noise": summary.get("undeclared_noise"),
+            "noise_note": summary.get("noise_note"),
+            "columns_verified": summary["verified"],
+            "certified": summary["certified"],
+            # Of the estimated batch: the true size is the client's to know.
+            "share_certified": summary["certified"] / max(summary["batch_size"], 1),
+            "confidence_mean": summary["confidence_mean"],
+            "timings": summary["timings"],
+            "counts": summary["counts"],
+            "reconstruction": f"{RECONSTRUCTIONS_DIR}/{name}.npz",
+        }
+        shape = self.input_shape
+        if self.spec.grids and len(inputs) and shape is not None and len(shape) == 3:
+            images = torch.from_numpy(inputs).reshape(-1, *shape)
+            if self.normalization is not None:
+                images = self.normalization.undo(images)
+            else:  # unknown normalisation: each image stretched to [0, 1], to be seen at all
+                low = images.amin(dim=(1, 2, 3), keepdim=True)
+                images = (images - low) / (images.amax(dim=(1, 2, 3), keepdim=True) - low).clamp(
+                    min=1e-12
+                )
+            grid = name + (".png" if run == "spearpp" else f"-{run}.png")
+            save_row(images.numpy(), self.run_dir / GRID_DIR / grid)
+            record["grid"] = f"{GRID_DIR}/{grid}"
         self._write(record, run)
 
     def _proxies_done(self, out: ProxyOutcome, row: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""Image grids: originals over their matched reconstructions."""
+"""Image grids: originals over their matched reconstructions, or reconstructions alone."""
 
 from __future__ import annotations
 
@@ -8,16 +8,33 @@ import numpy as np
 from PIL import Image
 
 _SCALE = 2
+# Grey (one channel) and colour (three) images can be drawn.
+DRAWABLE_CHANNELS = (1, 3)
 
 
 def save_grid(originals: np.ndarray, reconstructed: np.ndarray, path: Path) -> Path:
-    """Two rows of 32x32 images (B x 3 x 32 x 32 on [0, 1]): originals on top, matched
+    """Two rows of images (B x C x H x W on [0, 1], C 1 or 3): originals on top, matched
     reconstructions below (black where a sample got none); values outside [0, 1] clipped."""
-    b = originals.shape[0]
-    canvas = np.zeros((2 * 34, b * 34, 3))
-    for i in range(b):
-        canvas[1:33, i * 34 + 1 : i * 34 + 33] = originals[i].transpose(1, 2, 0)
-        canvas[35:67, i * 34 + 1 : i * 34 + 33] = reconstructed[i].transpose(1, 2, 0)
+    return _save([originals, reconstructed], path)
+
+
+def save_row(images: np.ndarray, path: Path) -> Path:
+    """One row of images (B x C x H x W on [0, 1], C 1 or 3), for reconstructions that have no
+    ground truth beside them; values outside [0, 1] clipped."""
+    return _save([images], path)
+
+
+def _save(rows: list[np.ndarray], path: Path) -> Path:
+    b, c, h, w = rows[0].shape
+    if c not in DRAWABLE_CHANNELS:
+        raise ValueError(f"images of {c} channels: only {DRAWABLE_CHANNELS} can be drawn")
+    canvas = np.zeros((len(rows) * (h + 2), b * (w + 2), 3))
+    for r, images in enumerate(rows):
+        for i in range(b):
+            # A grey image's one channel broadcasts to the three of the canvas.
+            canvas[r * (h + 2) + 1 : r * (h + 2) + 1 + h, i * (w + 2) + 1 : i * (w + 2) + 1 + w] = (
+                images[i].transpose(1, 2, 0)
+            )
     pixels = (np.clip(canvas, 0, 1) * 255).round().astype(np.uint8)
     image = Image.fromarray(pixels).resize(
         (canvas.shape[1] * _SCALE, canvas.shape[0] * _SCALE), Image.Resampling.NEAREST

@@ -74,6 +74,7 @@ class AttackJob:
             rec.summary(),
             None,
             time.perf_counter() - start,
+            rec.certified.numpy(),
         )
 
 
@@ -101,7 +102,8 @@ def read_arrays(path: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class AttackOutcome:
-    """What came back: the reconstruction and its summary, or why there is none."""
+    """What came back: the reconstruction and its summary, or why there is none; ``certified``
+    marks the reconstructed samples the attack vouches for (``None`` without a reconstruction)."""
 
     server_round: int
     client: int
@@ -109,3 +111,4 @@ class AttackOutcome:
     summary: dict[str, Any]
     error: str | None
     seconds: float
+    certified: np.ndarray | None = None

@@ -1,0 +1,192 @@
+"""The drop-in audit of a user's own Flower ServerApp: any strategy wrapped with the
+honest-but-curious server, its records written to a run directory, no ground truth needed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from torch import nn
+
+from fl_sim.audit.auditor import Auditor
+from fl_sim.config.schema import AuditSpec
+from fl_sim.data.normalize import Normalization
+from fl_sim.model import array_keys, first_linear
+from fl_sim.report import build_report
+from strategies import HonestButCurious, InterceptedUpdate
+
+
+class AuditError(ValueError):
+    """The model cannot be audited as given; the message names what was found."""
+
+
+def find_layer(
+    arrays: ArrayRecord, layer: str | None = None, model: nn.Module | None = None
+) -> tuple[str, str]:
+    """The ArrayRecord keys (weight, bias) of the layer to attack.
+
+    Parameters
+    ----------
+    arrays
+        The global model's arrays as the server sends them.
+    layer
+        The layer's name (``fc1`` for ``fc1.weight``, ``fc1.bias``), if the user names it.
+    model
+        The model's declared architecture: its first ``nn.Linear`` must be followed by
+        ``nn.ReLU``. Without it (and without ``layer``) the first array must be a linear
+        layer's weight, which is then assumed to be followed by ReLU.
+
+    Raises
+    ------
+    AuditError
+        Naming the arrays (keys and shapes) or the module found instead of a linear layer
+        followed by ReLU.
+    """
+    found = ", ".join(f"{k} {tuple(arrays[k].shape)}" for k in list(arrays)[:6])
+    if layer is None and model is not None:
+        try:
+            layer = first_linear(model)[0]
+        except ValueError as err:
+            raise AuditError(f"model: {err}") from None
+    if layer is None:
+        if not arrays:
+            raise AuditError("the global model has no arrays")
+        first = next(iter(arrays))
+        if not first.endswith(".weight") or len(arrays[first].shape) != 2:
+            raise AuditError(
+                f"the first array is {first} {tuple(arrays[first].shape)}, not a linear layer's "
+                f"(m, n) weight (arrays: {found}, ...): SPEAR++ attacks a first Linear followed "
+                "by ReLU; name it with layer=..., or pass model=..."
+            )
+        layer = first.removesuffix(".weight")
+    w_key, b_key = array_keys(layer)
+    weight = arrays.get(w_key)
+    bias = arrays.get(b_key)
+    if weight is None or bias is None:
+        raise AuditError(f"layer={layer!r}: no arrays {w_key}, {b_key} (arrays: {found}, ...)")
+    if len(weight.shape) != 2 or tuple(bias.shape) != (weight.shape[0],):
+        raise AuditError(
+            f"layer={layer!r}: {w_key} {tuple(weight.shape)} and {b_key} {tuple(bias.shape)} are "
+            "not a linear layer's (m, n) weight and (m,) bias"
+        )
+    return w_key, b_key
+
+
+class AuditedStrategy(HonestButCurious):
+    """``strategy`` as it is, audited: SPEAR++ on every client's update of the first linear
+    layer, beside the federation; records in ``run_dir/audit.jsonl``.
+
+    A drop-in for a ServerApp's strategy: ``AuditedStrategy(FedAvg(...), "runs/app").start(
+    grid=grid, initial_arrays=arrays, num_rounds=3)``. :meth:`start` finds the layer in the
+    initial arrays (refusing at once a model it cannot attack), runs the rounds, then waits for
+    the attacks still running and writes ``report.html``. With no ground truth each record
+    holds what the attack knows: status, estimated batch size, certified (exact) samples,
+    timings, the reconstruction (``reconstructions/``) and, for images, its grid (``grids/``).
+
+    Parameters
+    ----------
+    strategy
+        Any ``flwr.serverapp.strategy`` strategy.
+    run_dir
+        Where the records go (created).
+    layer
+        The attacked layer's name (default: found, see :func:`find_layer`).
+    model
+        The model's architecture, to check that ReLU follows the layer.
+    input_shape
+        One input's shape before flattening, e.g. ``(1, 8, 8)``: C x H x W inputs get grids.
+    mean, std
+        The per-channel normalisation of the inputs, undone in the grids.
+    settings
+        The audit's budget and knowledge (``AuditSpec``; only SPEAR++, no proxies).
+    seed
+        Seeds the attacks.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        run_dir: str | Path,
+        *,
+        layer: str | None = None,
+        model: nn.Module | None = None,
+        input_shape: tuple[int, ...] | None = None,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        settings: AuditSpec | None = None,
+        seed: int = 0,
+    ) -> None:
+        if (mean is None) != (std is None):
+            raise AuditError("mean and std go together: give both or neither")
+        if mean is not None and input_shape is None:
+            raise AuditError("mean and std need input_shape, to know the channels they apply to")
+        self.run_dir = Path(run_dir)
+        self.spec = settings or AuditSpec()
+        if self.spec.attacks != ("spearpp",) or self.spec.proxies:
+            raise AuditError(
+                f"settings.attacks={list(self.spec.attacks)}, settings.proxies="
+                f"{self.spec.proxies}: without ground truth only SPEAR++ runs, without proxies"
+            )
+        self.named_layer = layer
+        self.model = model
+        self.input_shape = input_shape
+        self.normalization = (
+            Normalization(mean, std, len(input_shape or ()))
+            if mean is not None and std is not None
+            else None
+        )
+        self.seed = seed
+        self.auditor: Auditor | None = None
+        # The layer and the sink are known once start() has seen the initial arrays.
+        super().__init__(strategy, self._file, ("", ""))
+
+    def _file(self, update: InterceptedUpdate) -> None:
+        if self.auditor is not None:
+            self.auditor(update)
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Find the attacked layer, run the federation as the wrapped strategy would, then
+        wait for the audit's attacks (``settings.wait_s`` at most) and write the report.
+
+        Raises
+        ------
+        AuditError
+            Before any round, when the model has no linear layer followed by ReLU to attack.
+        """
+        self.layer = find_layer(initial_arrays, self.named_layer, self.model)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.auditor = Auditor(
+            self.spec,
+            None,
+            self.run_dir,
+            self.seed,
+            architecture=self.model,
+            layer=self.layer,
+            input_shape=self.input_shape,
+            normalization=self.normalization,
+        )
+        try:
+            return super().start(
+                grid,
+                initial_arrays,
+                num_rounds,
+                timeout,
+                train_config,
+                evaluate_config,
+                evaluate_fn,
+            )
+        finally:
+            self.auditor.finish()
+            build_report(self.run_dir)
