@@ -14,7 +14,7 @@ from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
-from attacks.spearpp.inputs import LayerObservation
+from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
@@ -42,8 +42,6 @@ _FINAL_RATIO = 0.1
 _NOISY_MIN_AGREEMENT = 0.92
 # Lowest sparsity matching coefficient of a sample in a batch called exact.
 _EXACT_MATCHING = 0.95
-# Zero tolerances below this relative level are float64's: a column verified there is exact.
-_FINE_PRECISION = 1e-10
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
 # Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
@@ -413,7 +411,7 @@ def run_spearpp(
     # so each sample's inactive neurons must also match its gradient's zeros. (At float64's
     # round-off the certificate is exact already, and multi-step updates legitimately match
     # less: their zeros are those shared by every local step.)
-    coarse = bool(noise_std) or obs.precision > _FINE_PRECISION
+    coarse = bool(noise_std) or obs.precision >= FLOAT32_PRECISION
     matched = not coarse or float(solution.matching.min()) >= _EXACT_MATCHING
     exact = found >= b and matched
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
