@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from attacks.spearpp.factor import factorise
+from attacks.spearpp.signs import SignGeometry
 from fl_sim.data.cifar10 import ImageSet, read_npz
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import fc_relu_net, first_linear, layer_gradients
@@ -60,3 +62,21 @@ def best_match_error(rec: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Per true sample, the max abs error against its nearest reconstruction."""
     d = torch.cdist(x, rec)
     return (rec[d.argmin(dim=1)] - x).abs().amax(dim=1)
+
+
+def sign_geometry(
+    b: int, width: int, seed: int, depth: int = 6
+) -> tuple[SignGeometry, torch.Tensor, torch.Tensor]:
+    """The sign search's geometry of a FedSGD batch, its true columns of Q (search
+    coordinates: L q_i = the sample's output gradient) and the samples' output gradients."""
+    view, _x, out_grads = observation(b, width, seed, depth)
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=None,
+        noise_std=None,
+        precision=1e-15,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
+    truth: torch.Tensor = torch.linalg.lstsq(geom.left, out_grads.T).solution.T
+    return geom, truth, out_grads

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from attacks.spearpp.complement import complement_columns
-from attacks.spearpp.factor import factorise
 from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.signs import SignGeometry
-from tests.helpers import observation
+from tests.helpers import sign_geometry
 
 
 def _setting(
@@ -18,17 +17,8 @@ def _setting(
 ) -> tuple[SignGeometry, torch.Tensor, ZeroRule, torch.Tensor]:
     """Geometry, true columns (search coordinates, unit rows), the zero rule and the samples'
     output gradients of a FedSGD batch."""
-    view, _x, out_grads = observation(b, width, seed, depth)
-    fac = factorise(
-        view["grad_weight"],
-        batch_size=None,
-        noise_std=None,
-        precision=1e-15,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
-    truth = torch.linalg.lstsq(geom.left, out_grads.T).solution.T
-    rule = ZeroRule(relative=1e-13, noise_std=0.0, inverse_singular=1.0 / fac.singular_values[:b])
+    geom, truth, out_grads = sign_geometry(b, width, seed, depth)
+    rule = ZeroRule(relative=1e-13, noise_std=0.0, inverse_singular=1.0 / geom.singular)
     return geom, torch.nn.functional.normalize(truth, dim=1), rule, out_grads
 
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attacks.spearpp.factor import factorise
 from attacks.spearpp.search import random_starts
 from attacks.spearpp.signs import (
-    SignGeometry,
     deflation_basis,
     fit_inputs,
     halfspace_agreement,
     sign_search,
     smallest_eigenvectors,
 )
-from tests.helpers import observation
+from tests.helpers import sign_geometry
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -63,25 +61,6 @@ def test_deflation_basis_is_exact_for_true_inputs(seed: int) -> None:
     )
 
 
-def _true_columns(geom: SignGeometry, out_grads: torch.Tensor) -> torch.Tensor:
-    """Columns of Q in search coordinates: L q_i = the sample's output gradient."""
-    return torch.linalg.lstsq(geom.left, out_grads.T).solution.T
-
-
-def _geometry(
-    b: int, width: int, seed: int, depth: int = 6
-) -> tuple[SignGeometry, torch.Tensor, torch.Tensor]:
-    """The geometry of a FedSGD batch, its true columns and the samples' output gradients."""
-    view, _x, out_grads = observation(b, width, seed, depth)
-    fac = factorise(
-        view["grad_weight"],
-        batch_size=None,
-        noise_std=None,
-        precision=1e-15,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
-    return geom, _true_columns(geom, out_grads), out_grads
 
 
 def test_search_lands_on_true_columns() -> None:
@@ -89,7 +68,7 @@ def test_search_lands_on_true_columns() -> None:
     # so the count is taken over several batches.
     landed = []
     for seed in range(5):
-        geom, truth, _ = _geometry(16, 300, seed)
+        geom, truth, _ = sign_geometry(16, 300, seed)
         starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
         points = sign_search(geom, starts, None, iterations=8)
         best = _cosine(points[:, None, :], truth[None]).abs().amax(dim=1)
@@ -99,7 +78,7 @@ def test_search_lands_on_true_columns() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_deflation_steers_to_unfound_columns(seed: int) -> None:
-    geom, truth, _ = _geometry(16, 300, seed)
+    geom, truth, _ = sign_geometry(16, 300, seed)
     inputs = torch.linalg.inv(truth.T)  # exact input coordinates, rows
     found = torch.arange(8)
     basis = deflation_basis(torch.nn.functional.normalize(truth[found]), inputs[found])
@@ -115,7 +94,7 @@ def test_deflation_steers_to_unfound_columns(seed: int) -> None:
 def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
     # Depth 2: the two most similar columns (same-label samples) are left unfound; mixes of
     # them are nearly as sparse as they are.
-    geom, truth, out_grads = _geometry(24, 300, seed, depth=2)
+    geom, truth, out_grads = sign_geometry(24, 300, seed, depth=2)
     truth = torch.nn.functional.normalize(truth)
     similar = _cosine(out_grads[:, None, :], out_grads[None]).abs().fill_diagonal_(0)
     missing = divmod(int(similar.argmax()), 24)
@@ -135,7 +114,7 @@ def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
 
 
 def test_engine_coordinates_round_trip() -> None:
-    geom, truth, _ = _geometry(8, 100, 0)
+    geom, truth, _ = sign_geometry(8, 100, 0)
     unit = torch.nn.functional.normalize(truth)
     assert torch.allclose(geom.to_search(geom.to_engine(unit)), unit, atol=1e-12)
 
