@@ -1,11 +1,12 @@
-"""The honest-but-curious server's side: the wrapper strategies and what they derive from
-replies."""
+"""The server's side: the wrapper strategies (honest but curious, tampering with what it
+sends, fault tolerant) and what they derive from replies."""
 
 from strategies.fault_tolerant import FaultSink, FaultTolerant
 from strategies.gradients import update_as_gradient
 from strategies.honest_curious import HonestButCurious, UpdateSink
 from strategies.interception import InterceptedUpdate, intercept
 from strategies.screening import LeftOut, screen
+from strategies.tampering import Tampering
 
 __all__ = [
     "FaultSink",
@@ -13,6 +14,7 @@ __all__ = [
     "HonestButCurious",
     "InterceptedUpdate",
     "LeftOut",
+    "Tampering",
     "UpdateSink",
     "intercept",
     "screen",

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
@@ -54,6 +55,11 @@ class RunRecorder:
         self._x = x.to(getattr(torch, scenario.model.dtype))
         self._left_out: Counter[int] = Counter()  # replies left out, per round
 
+    def public_inputs(self) -> np.ndarray:
+        """The server's own test inputs as the first layer takes them (N x n, float64): the
+        statistics of the data a dishonest server may shape the model it sends with."""
+        return self._x.flatten(1).double().numpy()
+
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Test loss and accuracy of the global model (round 0: before training)."""
         model = self.scenario.model.build(self.data.description)
@@ -66,6 +72,7 @@ class RunRecorder:
             "round": server_round,
             "test_loss": loss,
             "test_accuracy": accuracy,
+            "server_behaviour": self.scenario.server.behaviour.behaviour,
             "seconds": time.perf_counter() - self.started,
         }
         append_jsonl(self.run_dir / ROUNDS_FILE, row)

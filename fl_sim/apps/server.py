@@ -1,5 +1,10 @@
 """The ServerApp: FedAvg over every client, each round, with the global model tested centrally.
 
+What the clients are sent is the scenario's server behaviour's (:class:`strategies.Tampering`):
+the global model itself (``honest``), or one with a first layer shaped to leak more; the global
+model is aggregated honestly either way, and the audit attacks each update against what was
+sent.
+
 Every reply is screened first (:class:`strategies.FaultTolerant`): a client that failed or sent
 what cannot be aggregated is recorded, in ``clients.jsonl`` and the audit, and left out, and
 the run goes on.
@@ -21,7 +26,7 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.model import array_keys, first_linear
-from strategies import FaultTolerant, HonestButCurious, LeftOut
+from strategies import FaultTolerant, HonestButCurious, LeftOut, Tampering
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +99,16 @@ def _federate(
             architecture=scenario.model.build(described),
             layer=layer,
             cluster=scenario.cluster,
+            behaviour=scenario.server.behaviour.behaviour,
         )
         strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
+    strategy = Tampering(
+        strategy,
+        scenario.server.behaviour,
+        attacked_layer(scenario, described),
+        recorder.public_inputs(),
+        scenario.seed,
+    )
 
     def left_out(fault: LeftOut) -> None:
         recorder.left_out(fault)

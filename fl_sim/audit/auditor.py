@@ -45,7 +45,14 @@ from fl_sim.forecast.table import joined_samples, round_correlations
 from fl_sim.model import array_keys, next_linear
 from fl_sim.report.build import read_jsonl
 from strategies import InterceptedUpdate, LeftOut, update_as_gradient
-from strategies.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TRAIN_LOSS
+from strategies.reply import (
+    PARTITION_ID,
+    REASON,
+    SAMPLE_IDS,
+    STATUS,
+    TAMPER_FLAGGED,
+    TRAIN_LOSS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +130,9 @@ class Auditor:
     cluster
         Where the jobs run: its ``attack_executor`` with ``spec.workers`` jobs at once
         (default: a local pool of that many processes).
+    behaviour
+        The server behaviour that chose what was sent (``honest``, ``sparsify``, ...): every
+        record says it.
     """
 
     def __init__(
@@ -135,8 +145,10 @@ class Auditor:
         layer: tuple[str, str] = ("weight", "bias"),
         done: Collection[tuple[int, int, str]] = (),
         cluster: ClusterSpec | None = None,
+        behaviour: str = "honest",
     ) -> None:
         self.spec = spec
+        self.behaviour = behaviour
         self.data = data
         self.run_dir = run_dir
         self.seed = seed
@@ -298,6 +310,8 @@ class Auditor:
             "epsilon": float(epsilon) if epsilon is not None else None,
             "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
             "batch_size": len(audit.get(SAMPLE_IDS, [])),
+            # The client's own check of the model it was sent (None: it did not say).
+            "tamper_flagged": declared.get(TAMPER_FLAGGED),
         }
 
     def _ids(self, update: InterceptedUpdate) -> np.ndarray:
@@ -510,7 +524,7 @@ class Auditor:
 
     def _write(self, record: dict[str, Any], run: str | None = None) -> None:
         with self._lock:
-            append_jsonl(self.run_dir / AUDIT_FILE, record)
+            append_jsonl(self.run_dir / AUDIT_FILE, {**record, "server_behaviour": self.behaviour})
             if run is not None:
                 self._forget(record, run)
 
