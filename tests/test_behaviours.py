@@ -241,5 +241,8 @@ def test_a_federation_under_each_behaviour_records_it(tmp_path: Path, behaviour:
     assert all(r["tamper_flagged"] == (behaviour != "honest") for r in records)
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["server_behaviour"] for r in rounds] == [behaviour, behaviour]
+    flagged = 0 if behaviour == "honest" else 2
+    line = f"Server behaviour: {behaviour}; the clients' check flagged the model it sent in"
+    assert f"{line} {flagged} of 2 replies" in (run_dir / "report.html").read_text()
     if behaviour == "trap":  # a trap at B = 10 on m = 100 isolates some samples exactly
         assert max(r["share_exact"] for r in records) > 0
