@@ -89,8 +89,8 @@ def _federate(
     strategy: Strategy = build_strategy(scenario, recorder)
     described = recorder.data.description
     auditor = None
+    layer = attacked_layer(scenario, described)
     if scenario.audit.enabled:
-        layer = attacked_layer(scenario, described)
         auditor = Auditor(
             scenario.audit,
             recorder.data,
@@ -105,7 +105,7 @@ def _federate(
     strategy = Tampering(
         strategy,
         scenario.server.behaviour,
-        attacked_layer(scenario, described),
+        layer,
         recorder.public_inputs(),
         scenario.seed,
     )

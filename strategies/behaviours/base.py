@@ -11,10 +11,16 @@ Registering is :func:`register` on the class, in its own module of
 :mod:`strategies.behaviours`, which imports every module it holds: adding a behaviour is adding
 a module.
 
-Behaviours that need more than one model per round (model inconsistency, where the target
-client gets another model than the rest so that its update survives secure aggregation) send
-per node: they plug in at the same place, :meth:`strategies.Tampering.configure_train`, which
-would then rewrite each message's arrays by its destination node rather than the arrays once.
+A behaviour here sends one model to every client. Model inconsistency under secure
+aggregation (``isolate``: the target client gets the tampered model, every other client one
+whose first layer never fires, so their first-layer updates are zero and the sum SecAgg+ hands
+the server is the target's alone) sends one model per node instead. It plugs in where the
+messages are made: :meth:`strategies.Tampering.configure_train` for the Message API strategies,
+rewriting each message's arrays by its ``dst_node_id``; under Flower's SecAgg+ (the legacy
+``SecAggPlusWorkflow`` inside ``DefaultWorkflow``), the legacy strategy's ``configure_fit``,
+whose ``FitIns`` are per client proxy. Its class is a :class:`ServerBehaviour` with a second
+method giving the layer for a non-target node; the registry and the scenario's
+``[server] behaviour`` take it as they take these.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+import torch
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
 from clients.settings import Settings, ValidationError, explain
@@ -117,5 +124,9 @@ def behaviour_settings(behaviour: str = "honest", **settings: Any) -> BehaviourS
 def firing_bias(weight: np.ndarray, public: np.ndarray, share: float) -> np.ndarray:
     """Biases (m) with which each neuron of ``weight`` (m x n) fires for ``share`` of the
     ``public`` inputs (N x n): minus each neuron's (1 - share) quantile of ``weight @ x``."""
-    bias: np.ndarray = -np.quantile(public @ weight.T, 1.0 - share, axis=0)
+    # The product in torch, not numpy: this runs in the ServerApp's thread, where OpenBLAS's
+    # threaded matmul (numpy's) was seen to hang for good beside Ray; torch's is the one the
+    # rest of the run uses.
+    pre = (torch.from_numpy(public).double() @ torch.from_numpy(weight).double().T).numpy()
+    bias: np.ndarray = -np.quantile(pre, 1.0 - share, axis=0)
     return bias
