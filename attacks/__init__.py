@@ -4,14 +4,16 @@ Nothing here imports the simulated world (``clients``, ``fl_sim``): inputs are t
 the server sent them (the first layer's, or the whole model's with its architecture), the
 client's update turned into a gradient, and whatever the client declared.
 
-Two attacks, registered by name in :data:`ATTACKS` (:func:`run_attack` runs one on a
+Three attacks, registered by name in :data:`ATTACKS` (:func:`run_attack` runs one on a
 :class:`ServerView`): ``spearpp``, exact reconstruction from the first layer
-(:func:`reconstruct`), and ``inversion``, optimisation-based gradient matching on the whole model
-(:func:`invert_gradients`).
+(:func:`reconstruct`), ``inversion``, optimisation-based gradient matching on the whole model
+(:func:`invert_gradients`), and ``analytic``, the samples single neurons isolate (what trap
+weights are laid for).
 """
 
 from __future__ import annotations
 
+from attacks.analytic import AnalyticConfig
 from attacks.errors import AttackInputError
 from attacks.inversion import InversionConfig, invert_gradients
 from attacks.registry import ATTACKS, RegisteredAttack, ServerView, run_attack
@@ -73,6 +75,7 @@ def reconstruct(
 __all__ = [
     "ATTACKS",
     "PRESETS",
+    "AnalyticConfig",
     "AttackInputError",
     "InversionConfig",
     "Reconstruction",

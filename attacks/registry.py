@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attacks.analytic import AnalyticConfig, run_analytic
 from attacks.errors import AttackInputError
 from attacks.inversion import InversionConfig, invert_gradients
 from attacks.result import Reconstruction
@@ -128,6 +129,10 @@ def estimate_batch_size(view: ServerView, seed: int = 0) -> tuple[int, str]:
     return fac.batch_size, fac.method
 
 
+def _analytic(view: ServerView, config: AnalyticConfig) -> Reconstruction:
+    return run_analytic(_first_layer(view, torch.device("cpu")), config)
+
+
 def _inversion(view: ServerView, config: InversionConfig) -> Reconstruction:
     if view.architecture is None:
         raise AttackInputError("the inversion attack needs the model's architecture")
@@ -152,6 +157,7 @@ def _inversion(view: ServerView, config: InversionConfig) -> Reconstruction:
 ATTACKS: dict[str, RegisteredAttack] = {
     "spearpp": RegisteredAttack("spearpp", SpearConfig, whole_model=False, run=_spearpp),
     "inversion": RegisteredAttack("inversion", InversionConfig, whole_model=True, run=_inversion),
+    "analytic": RegisteredAttack("analytic", AnalyticConfig, whole_model=False, run=_analytic),
 }
 
 

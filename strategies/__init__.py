@@ -1,5 +1,5 @@
-"""The honest-but-curious server's side: the wrapper strategies and what they derive from
-replies."""
+"""The server's side: the wrapper strategies (honest but curious, tampering with what it
+sends, fault tolerant) and what they derive from replies."""
 
 from strategies.aggregate_curious import AggregateCurious, AggregateSink
 from strategies.fault_tolerant import FaultSink, FaultTolerant
@@ -8,6 +8,7 @@ from strategies.honest_curious import HonestButCurious, UpdateSink
 from strategies.intercepted_aggregate import InterceptedAggregate
 from strategies.interception import InterceptedUpdate, intercept
 from strategies.screening import LeftOut, screen
+from strategies.tampering import Tampering
 
 __all__ = [
     "AggregateCurious",
@@ -18,6 +19,7 @@ __all__ = [
     "InterceptedAggregate",
     "InterceptedUpdate",
     "LeftOut",
+    "Tampering",
     "UpdateSink",
     "intercept",
     "screen",

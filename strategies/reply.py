@@ -37,3 +37,10 @@ REJECTED = "rejected"
 DROPPED = "dropped"
 # The statuses of a reply left out of aggregation, as clients.jsonl and the audit record them.
 LEFT_OUT = (DIVERGED, CLIENT_ERROR, REJECTED, DROPPED)
+
+# What a client's check of the model it received found (:mod:`clients.tamper_check`), declared
+# in :data:`CLIENT`: whether the model looks tampered with, why, and the share of its first
+# layer's (sample, neuron) pairs its own batch activated.
+TAMPER_FLAGGED = "tamper-flagged"
+TAMPER_REASON = "tamper-reason"
+ACTIVE_SHARE = "active-share"

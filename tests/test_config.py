@@ -81,7 +81,10 @@ def test_frozen() -> None:
         (["data.alpha=0"], "data.alpha = 0.0: must be > 0"),
         (["clients.0.defence=fedsgd", "clients.0.epochs=2"], None),
         (["noequals"], "expected KEY=VALUE"),
-        (['audit.attacks=["dlg"]'], "audit.attacks = ['dlg']: allowed are inversion, spearpp"),
+        (
+            ['audit.attacks=["dlg"]'],
+            "audit.attacks = ['dlg']: allowed are analytic, inversion, spearpp",
+        ),
         (['audit.attacks=["spearpp", "spearpp"]'], "each at most once"),
         (
             ['audit.inversion.losses=["l1"]'],

@@ -73,7 +73,7 @@ def test_refusals_name_the_input() -> None:
         {k: v.numpy() for k, v in gradient.items()},
         ("1.weight", "1.bias"),
     )
-    with pytest.raises(AttackInputError, match="allowed are inversion, spearpp"):
+    with pytest.raises(AttackInputError, match="allowed are analytic, inversion, spearpp"):
         run_attack("dlg", view, InversionConfig())
     with pytest.raises(AttackInputError, match="takes a InversionConfig"):
         run_attack("inversion", view, object())

@@ -38,11 +38,14 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from clients import DivergenceError, train_locally
 from clients.defences import training_defences, update_mods
 from clients.defences.base import BATCH_SIZE, DEFENCE, LR, STEPS
+from clients.tamper_check import check_first_layer
 from clients.training import DIVERGENCE_FACTOR
 from fl_sim.apps.legacy_fit import legacy_fit_mod
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import FederatedData, federated_data
+from fl_sim.model import first_linear
 from strategies.reply import (
+    ACTIVE_SHARE,
     ARRAYS,
     AUDIT,
     CLIENT,
@@ -57,6 +60,8 @@ from strategies.reply import (
     SAMPLE_IDS,
     SERVER_ROUND,
     STATUS,
+    TAMPER_FLAGGED,
+    TAMPER_REASON,
     TRAIN_LOSS,
 )
 
@@ -108,7 +113,8 @@ def failed_reply(
 def local_round(
     scenario: Scenario, content: RecordDict, client: int, state: RecordDict
 ) -> RecordDict:
-    """One client's round: draw its batch, train from the global weights, build the reply.
+    """One client's round: draw its batch, check the global weights' first layer on it
+    (:func:`clients.tamper_check.check_first_layer`), train from them, build the reply.
 
     Parameters
     ----------
@@ -144,6 +150,9 @@ def local_round(
     x = x.to(getattr(torch, scenario.model.dtype))
     model = scenario.model.build(data.description)
     model.load_state_dict(arrays.to_torch_state_dict())
+    _, layer = first_linear(model)
+    with torch.no_grad():
+        check = check_first_layer(layer.weight, layer.bias, x.flatten(1))
     training = spec.training
     defence = training_defences()[training.defence]
     declared: dict[str, ConfigRecordValues] = {
@@ -153,6 +162,9 @@ def local_round(
         LR: training.lr,
         **defence.declare(training, spec.batch_size),
         BATCH_SIZE: spec.batch_size,
+        TAMPER_FLAGGED: check.flagged,
+        TAMPER_REASON: check.reason,
+        ACTIVE_SHARE: check.active_share,
     }
     try:
         result = train_locally(

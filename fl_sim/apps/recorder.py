@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.common import Scalar
@@ -66,6 +67,11 @@ class RunRecorder:
         self._x = x.to(getattr(torch, scenario.model.dtype))
         self._left_out: Counter[int] = Counter()  # replies left out, per round
 
+    def public_inputs(self) -> np.ndarray:
+        """The server's own test inputs as the first layer takes them (N x n, float64): the
+        statistics of the data a dishonest server may shape the model it sends with."""
+        return self._x.flatten(1).double().numpy()
+
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Test loss and accuracy of the global model (round 0: before training)."""
         model = self.scenario.model.build(self.data.description)
@@ -78,6 +84,7 @@ class RunRecorder:
             "round": server_round,
             "test_loss": loss,
             "test_accuracy": accuracy,
+            "server_behaviour": self.scenario.server.behaviour.behaviour,
             "seconds": time.perf_counter() - self.started,
         }
         if self.round_epsilon is not None and server_round > 0:

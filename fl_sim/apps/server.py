@@ -2,6 +2,11 @@
 (under a federation-wide defence: inside Flower's central DP wrapper, or behind SecAgg+, see
 :mod:`fl_sim.apps.secagg_server`).
 
+What the clients are sent is the scenario's server behaviour's (:class:`strategies.Tampering`):
+the global model itself (``honest``), or one with a first layer shaped to leak more; the global
+model is aggregated honestly either way, and the audit attacks each update against what was
+sent.
+
 Every reply is screened first (:class:`strategies.FaultTolerant`): a client that failed or sent
 what cannot be aggregated is recorded, in ``clients.jsonl`` and the audit, and left out, and
 the run goes on.
@@ -27,7 +32,7 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.model import array_keys, first_linear
-from strategies import FaultTolerant, HonestButCurious, LeftOut
+from strategies import FaultTolerant, HonestButCurious, LeftOut, Tampering
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +119,16 @@ def _federate(
             cluster=scenario.cluster,
             round_epsilon=central_epsilon(scenario),
             draws=functools.partial(drawn_samples, scenario, recorder.data),
+            behaviour=scenario.server.behaviour.behaviour,
         )
         strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
+    strategy = Tampering(
+        strategy,
+        scenario.server.behaviour,
+        layer,
+        recorder.public_inputs(),
+        scenario.seed,
+    )
 
     def left_out(fault: LeftOut) -> None:
         recorder.left_out(fault)

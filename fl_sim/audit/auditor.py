@@ -52,7 +52,14 @@ from fl_sim.model import array_keys, next_linear
 from fl_sim.report.build import COHORT_VIEW, read_jsonl
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut, update_as_gradient
 from strategies.quantisation import secagg_noise_std
-from strategies.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TRAIN_LOSS
+from strategies.reply import (
+    PARTITION_ID,
+    REASON,
+    SAMPLE_IDS,
+    STATUS,
+    TAMPER_FLAGGED,
+    TRAIN_LOSS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +156,9 @@ class Auditor:
     input_shape, normalization
         Without ``data``: one input's shape (C x H x W images get grids) and the normalisation
         to undo in them (none: each image stretched to [0, 1]).
+    behaviour
+        The server behaviour that chose what was sent (``honest``, ``sparsify``, ...): every
+        record says it.
     """
 
     def __init__(
@@ -165,6 +175,7 @@ class Auditor:
         draws: Callable[[int, int], np.ndarray] | None = None,
         input_shape: tuple[int, ...] | None = None,
         normalization: Normalization | None = None,
+        behaviour: str = "honest",
     ) -> None:
         if data is None and (spec.proxies or spec.attacks != ("spearpp",)):
             raise ValueError(
@@ -174,6 +185,7 @@ class Auditor:
         self.spec = spec
         self.round_epsilon = round_epsilon
         self.draws = draws
+        self.behaviour = behaviour
         self.data = data
         self.input_shape = input_shape
         self.normalization = normalization
@@ -339,6 +351,8 @@ class Auditor:
             "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
             # The true batch size is ground truth: unknown (None) where the client sent none.
             "batch_size": len(audit[SAMPLE_IDS]) if SAMPLE_IDS in audit else None,
+            # The client's own check of the model it was sent (None: it did not say).
+            "tamper_flagged": declared.get(TAMPER_FLAGGED),
         }
 
     def _truth(self) -> FederatedData:
@@ -788,7 +802,7 @@ class Auditor:
 
     def _write(self, record: dict[str, Any], run: str | None = None) -> None:
         with self._lock:
-            append_jsonl(self.run_dir / AUDIT_FILE, record)
+            append_jsonl(self.run_dir / AUDIT_FILE, {**record, "server_behaviour": self.behaviour})
             if run is not None:
                 self._forget(record, run)
 

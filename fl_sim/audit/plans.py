@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from attacks import InversionConfig, SpearConfig
+from attacks import AnalyticConfig, InversionConfig, SpearConfig
 from fl_sim.config.schema import AttackTargets, AuditSpec
 
 
@@ -66,6 +66,12 @@ PLANS: dict[str, AttackPlan] = {
         targets=lambda spec: spec.inversion.targets,
         losses=lambda spec: spec.inversion.losses,
         settings=lambda spec, run, seed: inversion_config(spec, run.loss or "cosine", seed),
+    ),
+    # The audit's targets are its own: the rule is cheap enough to run wherever SPEAR++ may.
+    "analytic": AttackPlan(
+        targets=lambda spec: AttackTargets(),
+        losses=lambda spec: (),
+        settings=lambda spec, run, seed: AnalyticConfig(seed=seed),
     ),
 }
 

@@ -56,6 +56,7 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         layer=attacked_layer(scenario, data.description),
         done=done,
         cluster=scenario.cluster,
+        behaviour=scenario.server.behaviour.behaviour,
     )
     queued = 0
     try:

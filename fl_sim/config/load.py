@@ -13,7 +13,8 @@ from pydantic import BaseModel
 
 from clients.defences import training_defences, update_mods
 from clients.settings import ValidationError, explain
-from fl_sim.config.schema import ClientSpec, Scenario
+from fl_sim.config.schema import ClientSpec, Scenario, ServerSpec
+from strategies.behaviours import BEHAVIOUR, BEHAVIOURS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,16 +123,41 @@ def _clients(raw: Any) -> tuple[ClientSpec, ...]:
     return tuple(_client(f"clients.{i}", s) for i, s in enumerate(per_client))
 
 
+def _server(raw: Any) -> ServerSpec:
+    """``[server]``: ``behaviour`` names the behaviour (``honest`` by default); a sub-table
+    per behaviour holds its settings: each is validated, the named one's are used (so that
+    ``--set server.behaviour=...`` switches between the tables a file keeps)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"server = {raw!r}: expected a table")
+    name = raw.get(BEHAVIOUR, "honest")
+    if name not in BEHAVIOURS:
+        raise ConfigError(f"server.{BEHAVIOUR} = {name!r}: allowed are {', '.join(BEHAVIOURS)}")
+    for key, value in raw.items():
+        if key != BEHAVIOUR and key not in BEHAVIOURS:
+            allowed = ", ".join([BEHAVIOUR, *(f"[{b}]" for b in BEHAVIOURS)])
+            raise ConfigError(f"unknown key 'server.{key}': allowed are {allowed}")
+        if key in BEHAVIOURS and not isinstance(value, dict):
+            raise ConfigError(f"server.{key} = {value!r}: expected a table of its settings")
+    tables = {
+        key: _validated(BEHAVIOURS[key].Settings, raw.get(key, {}), f"server.{key}.")
+        for key in BEHAVIOURS
+        if key in raw or key == name
+    }
+    return ServerSpec(behaviour=tables[name])
+
+
 def parse_scenario(raw: Mapping[str, Any]) -> Scenario:
     """Validate a scenario given as nested mappings (as TOML reads it).
 
     Raises
     ------
     ConfigError
-        For an unknown key, a wrong type, a value out of range, or a bad client id.
+        For an unknown key, a wrong type, a value out of range, a bad client id or an unknown
+        server behaviour.
     """
     tables = dict(raw)
     tables["clients"] = _clients(tables.get("clients", {}))
+    tables["server"] = _server(tables.get("server", {}))
     return _validated(Scenario, tables)
 
 

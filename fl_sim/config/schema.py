@@ -21,6 +21,7 @@ from fl_sim.config.cluster import ClusterSpec, CpuAmount, GpuAmount
 from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
 from fl_sim.model import fc_relu_net
+from strategies.behaviours import BEHAVIOURS, BehaviourSettings
 
 # Lists of ids read from TOML (lists, not tuples), each id an int.
 Ids = Annotated[tuple[Int, ...], Field(strict=False)]
@@ -180,7 +181,8 @@ class AuditSpec(Settings):
     rounds, clients
         Which rounds and client ids to attack (empty: all).
     attacks
-        Attacks to run, by registry name (``attacks.ATTACKS``): ``spearpp``, ``inversion``.
+        Attacks to run, by registry name (``attacks.ATTACKS``): ``spearpp``, ``inversion``,
+        ``analytic``.
     spearpp
         SPEAR++'s own targets within the audit's (``[audit.spearpp]``).
     inversion
@@ -255,10 +257,18 @@ class ResourcesSpec(Settings):
     client_gpus: GpuAmount = 0.0
 
 
+class ServerSpec(Settings):
+    """What the server sends (``[server]``): its behaviour's settings, ``honest`` (the global
+    model unchanged) by default, or a dishonest one of :data:`strategies.behaviours.BEHAVIOURS`
+    (``[server] behaviour = "sparsify"``, its settings in ``[server.sparsify]``)."""
+
+    behaviour: SerializeAsAny[BehaviourSettings] = BEHAVIOURS["honest"].Settings()
+
+
 class Scenario(Settings):
-    """A whole run: rounds, seed, data, model, one spec per client, the audit, where the work
-    runs (each simulated client's Ray resources, the cluster), and the federation-wide
-    defence, if any (``[federation]``: SecAgg+ or central DP)."""
+    """A whole run: rounds, seed, data, model, one spec per client, what the server sends, the
+    audit, where the work runs (each simulated client's Ray resources, the cluster), and the
+    federation-wide defence, if any (``[federation]``: SecAgg+ or central DP)."""
 
     name: Str = "scenario"
     rounds: AtLeastOne = 3
@@ -266,6 +276,7 @@ class Scenario(Settings):
     data: DataSpec = DataSpec()
     model: ModelSpec = ModelSpec()
     clients: tuple[ClientSpec, ...]
+    server: ServerSpec = ServerSpec()
     audit: AuditSpec = AuditSpec()
     resources: ResourcesSpec = ResourcesSpec()
     cluster: ClusterSpec = ClusterSpec()

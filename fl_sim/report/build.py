@@ -115,6 +115,17 @@ def cohort_table(records: list[dict[str, Any]]) -> str:
         )
     return "\n".join(lines)
 
+def server_line(rounds: list[dict[str, Any]], clients: list[dict[str, Any]]) -> str:
+    """What the server sent (its behaviour, honest before there were others) and how many of
+    the clients' checks of the model they received flagged it."""
+    behaviour = rounds[-1].get("server_behaviour", "honest") if rounds else "honest"
+    checked = [c for c in clients if "tamper_flagged" in c]
+    flagged = sum(bool(c["tamper_flagged"]) for c in checked)
+    return (
+        f"Server behaviour: {behaviour}; the clients' check flagged the model it sent in "
+        f"{flagged} of {len(checked)} replies."
+    )
+
 
 def inversion_table(records: list[dict[str, Any]]) -> str:
     """Per client and optimisation-attack run: records, PSNR mean, median MSE over samples and
@@ -190,7 +201,8 @@ def build_report(run_dir: Path) -> Path:
     """Write the plots and ``report.html`` (all images inline, opens offline) for a run."""
     records = read_jsonl(run_dir / "audit.jsonl")
     rounds = read_jsonl(run_dir / "rounds.jsonl")
-    faults = left_out_table(read_jsonl(run_dir / "clients.jsonl"))
+    clients = read_jsonl(run_dir / "clients.jsonl")
+    faults = left_out_table(clients)
     done = max((r["round"] for r in rounds), default=0)
     planned = planned_rounds(run_dir)
     data = (
@@ -231,7 +243,8 @@ def build_report(run_dir: Path) -> Path:
             if planned is not None and done < planned
             else ""
         )
-        + ". Final test accuracy: "
+        + f". {server_line(rounds, clients)}"
+        + " Final test accuracy: "
         f"{_fmt(rounds[-1]['test_accuracy'] if rounds else None, '{:.3f}')}. "
         "PSNR on the data's [0, 1] scale (pixels / 255; tabular features min-max scaled over "
         "the dataset). Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the "

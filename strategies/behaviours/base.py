@@ -1,0 +1,132 @@
+"""What a server behaviour is, and the registry that holds them.
+
+A behaviour decides what the server sends: the global model as it is (``honest``, the
+honest-but-curious server) or one whose first layer it has shaped so that a client's update
+gives more of its batch away (``sparsify``, ``trap``). It is one registered class that owns its
+typed settings (a frozen pydantic model) and says, in words, what it sends and what it
+recovers. :class:`strategies.Tampering` is the strategy wrapper that applies it: the global
+model is still aggregated honestly, only the copy sent for training is tampered with.
+
+Registering is :func:`register` on the class, in its own module of
+:mod:`strategies.behaviours`, which imports every module it holds: adding a behaviour is adding
+a module.
+
+A behaviour here sends one model to every client. Model inconsistency under secure
+aggregation (``isolate``: the target client gets the tampered model, every other client one
+whose first layer never fires, so their first-layer updates are zero and the sum SecAgg+ hands
+the server is the target's alone) sends one model per node instead. It plugs in where the
+messages are made: :meth:`strategies.Tampering.configure_train` for the Message API strategies,
+rewriting each message's arrays by its ``dst_node_id``; under Flower's SecAgg+ (the legacy
+``SecAggPlusWorkflow`` inside ``DefaultWorkflow``), the legacy strategy's ``configure_fit``,
+whose ``FitIns`` are per client proxy. Its class is a :class:`ServerBehaviour` with a second
+method giving the layer for a non-target node; the registry and the scenario's
+``[server] behaviour`` take it as they take these.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+from pydantic import SerializerFunctionWrapHandler, model_serializer
+
+from clients.settings import Settings, ValidationError, explain
+
+# What the scenario names the behaviour by.
+BEHAVIOUR = "behaviour"
+
+
+class BehaviourSettings(Settings):
+    """A behaviour's settings; :attr:`behaviour` is the name it is registered under."""
+
+    behaviour: ClassVar[str]
+
+    @model_serializer(mode="wrap")
+    def _named(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Dumped settings say whose they are (scenario.json).
+        return {BEHAVIOUR: self.behaviour, **handler(self)}
+
+
+class ServerBehaviour(ABC):
+    """A registered server behaviour. Subclasses set :attr:`Settings`, :attr:`sends` and
+    :attr:`recovers`."""
+
+    Settings: ClassVar[type[BehaviourSettings]]
+    # In words, for the docs and the report.
+    sends: ClassVar[str]
+    recovers: ClassVar[str]
+
+    @property
+    def name(self) -> str:
+        """The name the scenario and the records use."""
+        return self.Settings.behaviour
+
+    @abstractmethod
+    def first_layer(
+        self,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        public: np.ndarray,
+        settings: Any,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first layer to send in place of the global model's (``weight`` m x n, ``bias``
+        m).
+
+        Parameters
+        ----------
+        weight, bias
+            The global model's first layer.
+        public
+            Inputs the server holds itself (N x n, as the first layer takes them): its own
+            statistics of the data, never a client's.
+        settings
+            An instance of :attr:`Settings`.
+        rng
+            The round's randomness.
+        """
+
+
+BEHAVIOURS: dict[str, ServerBehaviour] = {}
+
+B = TypeVar("B", bound=type[ServerBehaviour])
+
+
+def register(cls: B) -> B:
+    """Class decorator: register one instance of the behaviour under its settings' name."""
+    name = cls.Settings.behaviour
+    if name in BEHAVIOURS:
+        raise ValueError(f"a server behaviour named {name!r} is registered already")
+    BEHAVIOURS[name] = cls()
+    return cls
+
+
+def behaviour_settings(behaviour: str = "honest", **settings: Any) -> BehaviourSettings:
+    """Validated settings of the behaviour ``behaviour``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown behaviour or a bad setting; the message names the key, the value and
+        what is allowed.
+    """
+    if behaviour not in BEHAVIOURS:
+        raise ValueError(f"behaviour={behaviour!r}: allowed are {', '.join(BEHAVIOURS)}")
+    cls = BEHAVIOURS[behaviour].Settings
+    try:
+        return cls.model_validate(settings)
+    except ValidationError as err:
+        raise ValueError(explain(err, cls, sep="=")) from None
+
+
+def firing_bias(weight: np.ndarray, public: np.ndarray, share: float) -> np.ndarray:
+    """Biases (m) with which each neuron of ``weight`` (m x n) fires for ``share`` of the
+    ``public`` inputs (N x n): minus each neuron's (1 - share) quantile of ``weight @ x``."""
+    # The product in torch, not numpy: this runs in the ServerApp's thread, where OpenBLAS's
+    # threaded matmul (numpy's) was seen to hang for good beside Ray; torch's is the one the
+    # rest of the run uses.
+    pre = (torch.from_numpy(public).double() @ torch.from_numpy(weight).double().T).numpy()
+    bias: np.ndarray = -np.quantile(pre, 1.0 - share, axis=0)
+    return bias
