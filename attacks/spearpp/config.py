@@ -19,6 +19,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "search_dtype": ("float32", "float64"),
     "search": ("signs", "surrogate"),
     "null_step": ("auto", "eigh", "inverse"),
+    "budget_clock": ("wall", "cpu"),
 }
 
 
@@ -60,6 +61,10 @@ class SpearConfig:
         Passes of fresh starts, run until every column is found or this many have run.
     time_budget_s
         Stop starting passes once this many seconds have gone (``None``: no limit).
+    budget_clock
+        What the time budget counts: ``wall`` seconds, or ``cpu``: this process's CPU seconds
+        per torch thread, which a busy machine does not use up (an audit beside a federation
+        then finds the same columns whatever else shares the cores).
     refine
         How a converged start becomes an exact direction: ``kernel`` (the null direction of its
         smallest rows, checked to be one column and not a mix), ``sampling`` (the paper's rounding:
@@ -114,6 +119,7 @@ class SpearConfig:
     lr_final: float = 0.001
     max_passes: int = 8
     time_budget_s: float | None = None
+    budget_clock: Literal["wall", "cpu"] = "wall"
     refine: Refinement = "auto"
     rounding_samples: int = 50
     logcosh_mu: float = 0.02

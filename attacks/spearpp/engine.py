@@ -269,6 +269,16 @@ def _sign_rounds(
     return rounds, starts_run
 
 
+def _budget_clock(kind: str) -> Callable[[], float]:
+    """Seconds spent since now, on the clock the time budget counts (see ``budget_clock``)."""
+    if kind == "wall":
+        origin = time.perf_counter()
+        return lambda: time.perf_counter() - origin
+    origin = time.process_time()
+    threads = max(1, torch.get_num_threads())
+    return lambda: (time.process_time() - origin) / threads
+
+
 def run_spearpp(
     obs: LayerObservation,
     *,
@@ -334,9 +344,11 @@ def run_spearpp(
     search_left = left.to(getattr(torch, config.search_dtype))
     harvest = _Harvester(left, search_left, rule, config, pool, clock, generator)
 
+    spent = _budget_clock(config.budget_clock)
+
     def out_of_time() -> bool:
         budget = config.time_budget_s
-        return budget is not None and time.perf_counter() - started > budget
+        return budget is not None and spent() > budget
 
     sign_rounds = sign_starts = 0
     geom: SignGeometry | None = None

@@ -28,6 +28,7 @@ def attack_config(spec: AuditSpec, seed: int) -> SpearConfig:
         steps=spec.steps,
         max_passes=spec.max_passes,
         time_budget_s=spec.time_budget_s,
+        budget_clock=spec.budget_clock,
         seed=seed,
     )
 

@@ -203,6 +203,10 @@ class AuditSpec(Settings):
         head's gradient).
     starts, steps, max_passes, time_budget_s
         SPEAR++ budget per reconstruction (the time budget stops new passes).
+    budget_clock
+        What the time budget counts: ``cpu`` (the attack's own CPU seconds per torch thread,
+        so attacks running beside the federation, or a busy machine, do not cut it short) or
+        ``wall`` seconds.
     workers
         Attack processes working beside the federation.
     wait_s
@@ -232,6 +236,7 @@ class AuditSpec(Settings):
     steps: AtLeastOne = 1000
     max_passes: AtLeastOne = 4
     time_budget_s: Positive = 30.0
+    budget_clock: Literal["cpu", "wall"] = "cpu"
     workers: AtLeastOne = 1
     wait_s: Positive = 600.0
     grids: Bool = True
