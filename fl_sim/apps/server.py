@@ -37,6 +37,7 @@ from strategies import FaultTolerant, HonestButCurious, LeftOut, Tampering
 
 log = logging.getLogger(__name__)
 
+
 def initial_arrays(scenario: Scenario, data: DataDescription) -> ArrayRecord:
     """The global model at round 0 for inputs described by ``data``, seeded by the scenario."""
     torch.manual_seed(scenario.seed)

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
+from fl_sim import rundir
 from fl_sim.apps.server import attacked_layer
-from fl_sim.audit.auditor import (
-    AUDIT_FILE,
-    PROXIES_FILE,
-    PROXY_RUN,
-    UPDATES_DIR,
-    Auditor,
-)
+from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.log import AuditLog
 from fl_sim.audit.updates import load_update
 from fl_sim.config import parse_scenario
 from fl_sim.data.federated import federated_data
-from fl_sim.forecast.table import record_run
-from fl_sim.report.build import read_jsonl
 
 
 def reaudit(run_dir: Path, redo: bool = False) -> int:
@@ -29,23 +21,22 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     Raises
     ------
     FileNotFoundError
-        When the run kept no updates (``[audit] keep_updates = true`` keeps them).
+        When the run kept no updates (``[audit] keep_updates = true`` keeps them), or has no
+        scenario to resume.
     """
-    stored = sorted((run_dir / UPDATES_DIR).glob("r*-c*.npz"))
+    log = AuditLog(run_dir)
+    stored = log.stored_updates()
     if not stored:
         raise FileNotFoundError(
-            f"{run_dir / UPDATES_DIR} holds no updates: run with --set audit.keep_updates=true"
+            f"{run_dir / rundir.UPDATES_DIR} holds no updates: run with "
+            "--set audit.keep_updates=true"
         )
-    raw = json.loads((run_dir / "scenario.json").read_text())["resolved"]
+    raw = rundir.read_json(run_dir / rundir.SCENARIO).get("resolved")
+    if raw is None:
+        raise FileNotFoundError(f"{run_dir / rundir.SCENARIO}: no scenario to resume")
     scenario = parse_scenario(raw)
-    audit_file, proxies_file = run_dir / AUDIT_FILE, run_dir / PROXIES_FILE
     if redo:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        for path in (audit_file, proxies_file):
-            if path.exists():
-                path.rename(run_dir / f"{path.stem}-{stamp}.jsonl")
-    done = {(r["round"], r["client"], record_run(r)) for r in read_jsonl(audit_file)}
-    done |= {(r["round"], r["client"], PROXY_RUN) for r in read_jsonl(proxies_file)}
+        log.set_aside()
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
     auditor = Auditor(
         scenario.audit,
@@ -54,7 +45,7 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         scenario.seed,
         architecture=scenario.model.build(data.description),
         layer=attacked_layer(scenario, data.description),
-        done=done,
+        done=log.done(),
         cluster=scenario.cluster,
         behaviour=scenario.server.behaviour.behaviour,
     )

@@ -117,6 +117,7 @@ def cohort_table(records: list[dict[str, Any]]) -> str:
         )
     return "\n".join(lines)
 
+
 def server_line(rounds: list[dict[str, Any]], clients: list[dict[str, Any]]) -> str:
     """What the server sent (its behaviour, honest before there were others) and how many of
     the clients' checks of the model they received flagged it."""

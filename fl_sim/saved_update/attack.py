@@ -14,6 +14,7 @@ from fl_sim.audit.grid import DRAWABLE_CHANNELS, save_row
 from fl_sim.rundir import ATTACK_GRID, ATTACK_RECONSTRUCTION, ATTACK_RESULT
 from fl_sim.saved_update.update_file import SavedUpdate
 
+
 def attack_update(
     update: SavedUpdate, out: Path, config: SpearConfig | None = None
 ) -> dict[str, Any]:
