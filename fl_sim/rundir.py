@@ -4,8 +4,9 @@ user's :class:`~fl_sim.audit.audited.AuditedStrategy`, ``fl-sim audit``, ``fl-si
 
 A run of fl-sim's own federation has every file; the audit of a user's Flower app has what
 needs no scenario (the audit's records, their grids and reconstructions, the report). A run
-directory is resumable (``fl-sim audit``) when it holds :data:`SCENARIO` and :data:`UPDATES_DIR`,
-and reportable (``fl-sim report``) when it holds :data:`ROUNDS` or :data:`AUDIT`.
+directory is resumable (``fl-sim audit``) when it holds :data:`UPDATES_DIR` and what the audit
+was run with (:data:`SCENARIO`, or :data:`AUDITED` for an app of one's own), and reportable
+(``fl-sim report``) when it holds :data:`ROUNDS` or :data:`AUDIT`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 
 # The scenario as resolved and as typed (``{"resolved": ..., "typed": ...}``).
 SCENARIO = "scenario.json"
+# An audit of one's own Flower app (AuditedStrategy), in place of a scenario: its settings,
+# attacked layer, input shape, normalisation and seed.
+AUDITED = "audited.json"
 # The dataset actually used: source, input shape, classes, value range, normalisation.
 DATA = "data.json"
 # One row per round: the global model's test loss and accuracy (and central DP's epsilon).

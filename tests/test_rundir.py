@@ -1,6 +1,7 @@
-"""The run directory: its JSON-lines helpers, and a ``flwr run``-style run directory (a user's
-strategy wrapped in AuditedStrategy, no ground truth) made of rundir's names only and read by
-``fl-sim report``."""
+"""The run directory: its JSON-lines helpers; a ``flwr run``-style run directory (a user's
+strategy wrapped in AuditedStrategy, no ground truth) made of rundir's names only, read by
+``fl-sim report`` and resumed by ``fl-sim audit``; and fl-sim's own app under ``flwr run``
+leaving the scenario that resumes it."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ from typing import Any
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from fl_sim import rundir
+from fl_sim.apps import flower_app
 from fl_sim.audit.audited import AuditedStrategy
+from fl_sim.audit.reaudit import reaudit
 from fl_sim.cli import main
+from fl_sim.config import load_scenario, parse_scenario
 from fl_sim.config.schema import AuditSpec
 
 # Every name rundir gives a file or folder of a run directory.
@@ -115,7 +119,7 @@ def test_audited_flower_app_run_dir_is_rundirs_and_reportable(
         input_shape=(1, 8, 8),
         mean=(0.3,),
         std=(0.4,),
-        settings=AuditSpec(workers=1, time_budget_s=30.0),
+        settings=AuditSpec(workers=1, time_budget_s=30.0, keep_updates=True),
     )
     strategy.start(
         grid=_LocalClients(model), initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2
@@ -135,4 +139,29 @@ def test_audited_flower_app_run_dir_is_rundirs_and_reportable(
     (run_dir / rundir.REPORT).unlink()
     assert main(["report", str(run_dir)]) == 0
     assert (run_dir / rundir.REPORT).is_file()
+    # Resumable: an audit interrupted after two records attacks the two other stored updates.
+    lines = (run_dir / rundir.AUDIT).read_text().splitlines(keepends=True)
+    (run_dir / rundir.AUDIT).write_text("".join(lines[:2]))
+    assert reaudit(run_dir) == 2
+    resumed = rundir.read_jsonl(run_dir / rundir.AUDIT)
+    assert sorted((r["round"], r["client"]) for r in resumed) == sorted(
+        (r["round"], r["client"]) for r in records
+    )
+    assert all(r["status"] == "exact" and r["certified"] == 8 for r in resumed)
     assert {p.name for p in run_dir.iterdir()} <= NAMES
+
+
+def test_flwr_run_of_fl_sims_app_writes_its_scenario(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``flwr run`` fl-sim's own ServerApp writes the scenario ``fl-sim audit`` resumes
+    from, as ``fl-sim run`` does (and its recorder writes ``data.json``, as under fl-sim run)."""
+    ran: list[Path] = []
+    monkeypatch.setattr(flower_app, "run_federation", lambda g, c, s, run_dir: ran.append(run_dir))
+    config = {"scenario": "configs/quickstart.toml", "out": str(tmp_path)}
+    flower_app.main(None, Context(1, 0, {}, RecordDict(), config))  # type: ignore[arg-type]
+    (run_dir,) = ran
+    assert run_dir.parent == tmp_path and [p.name for p in run_dir.iterdir()] == [rundir.SCENARIO]
+    scenario, resolved = load_scenario(flower_app.APP_DIR / "configs" / "quickstart.toml")
+    kept = rundir.read_json(run_dir / rundir.SCENARIO)
+    assert kept["resolved"] == resolved and parse_scenario(kept["resolved"]) == scenario

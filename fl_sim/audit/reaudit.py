@@ -1,11 +1,15 @@
-"""``fl-sim audit RUN_DIR``: resume an interrupted audit, or redo it, from stored updates."""
+"""``fl-sim audit RUN_DIR``: resume an interrupted audit, or redo it, from stored updates: of a
+run of fl-sim's own federation (``fl-sim run`` or ``flwr run``, its ``scenario.json``) or of a
+Flower app of one's own audited by AuditedStrategy (its ``audited.json``, no ground truth)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fl_sim import rundir
 from fl_sim.apps.server import attacked_layer
+from fl_sim.audit.audited import resumed_auditor
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.log import AuditLog
 from fl_sim.audit.updates import load_update
@@ -21,8 +25,8 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     Raises
     ------
     FileNotFoundError
-        When the run kept no updates (``[audit] keep_updates = true`` keeps them), or has no
-        scenario to resume.
+        When the run kept no updates (``[audit] keep_updates = true`` keeps them), or says
+        neither how its federation nor how its audit was run.
     """
     log = AuditLog(run_dir)
     stored = log.stored_updates()
@@ -32,13 +36,28 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
             "--set audit.keep_updates=true"
         )
     raw = rundir.read_json(run_dir / rundir.SCENARIO).get("resolved")
-    if raw is None:
-        raise FileNotFoundError(f"{run_dir / rundir.SCENARIO}: no scenario to resume")
-    scenario = parse_scenario(raw)
+    if raw is None and not (run_dir / rundir.AUDITED).is_file():
+        raise FileNotFoundError(
+            f"{run_dir} has neither {rundir.SCENARIO} nor {rundir.AUDITED}: nothing says how "
+            "it was audited"
+        )
     if redo:
         log.set_aside()
+    auditor = resumed_auditor(run_dir, log.done()) if raw is None else _auditor(run_dir, raw, log)
+    queued = 0
+    try:
+        for path in stored:
+            queued += auditor.queue(load_update(path)) > 0
+    finally:
+        auditor.finish()
+    return queued
+
+
+def _auditor(run_dir: Path, raw: dict[str, Any], log: AuditLog) -> Auditor:
+    """The auditor of a run of fl-sim's own federation, from its resolved scenario."""
+    scenario = parse_scenario(raw)
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    auditor = Auditor(
+    return Auditor(
         scenario.audit,
         data,
         run_dir,
@@ -49,10 +68,3 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
         cluster=scenario.cluster,
         behaviour=scenario.server.behaviour.behaviour,
     )
-    queued = 0
-    try:
-        for path in stored:
-            queued += auditor.queue(load_update(path)) > 0
-    finally:
-        auditor.finish()
-    return queued
