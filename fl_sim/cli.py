@@ -180,7 +180,8 @@ def _bench_lavp(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fl_sim.config import ConfigError, load_scenario
-    from fl_sim.run import EXIT_INTERRUPTED, RunStoppedError, last_round, run_scenario
+    from fl_sim.run import EXIT_INTERRUPTED, RunStoppedError, run_scenario
+    from fl_sim.rundir import REPORT, last_round
 
     try:
         scenario, resolved = load_scenario(Path(args.config), args.set or ())
@@ -192,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
         _print_summary(stopped.run_dir)
         print(
             f"\nfl-sim run: {stopped} after round {last_round(stopped.run_dir)} of "
-            f"{scenario.rounds}; the summary and {stopped.run_dir / 'report.html'} show what "
+            f"{scenario.rounds}; the summary and {stopped.run_dir / REPORT} show what "
             "was recorded until then",
             file=sys.stderr,
         )
@@ -206,16 +207,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _print_summary(run_dir: Path) -> None:
     from fl_sim.report import summary_table
-    from fl_sim.report.build import (
-        REPORT_FILE,
-        cohort_table,
-        forecast_tables,
-        inversion_table,
-        read_jsonl,
-    )
+    from fl_sim.report.build import cohort_table, forecast_tables, inversion_table
     from fl_sim.report.faults import left_out_table
+    from fl_sim.rundir import AUDIT, CLIENTS, REPORT, ROUNDS, read_jsonl
 
-    records = read_jsonl(run_dir / "audit.jsonl")
+    records = read_jsonl(run_dir / AUDIT)
     if records:
         print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
         print(summary_table(records))
@@ -226,14 +222,14 @@ def _print_summary(run_dir: Path) -> None:
             "(per-client rows above: what of each client's batch came back through the sum):"
         )
         print(cohorts)
-    epsilons = [r for r in read_jsonl(run_dir / "rounds.jsonl") if r.get("epsilon") is not None]
+    epsilons = [r for r in read_jsonl(run_dir / ROUNDS) if r.get("epsilon") is not None]
     if epsilons:
         print(
             "\nCentral DP: Flower's noise reaches only the aggregate; epsilon after round "
             f"{epsilons[-1]['round']}: {epsilons[-1]['epsilon']:.3g} (Opacus RDP, every client "
             "every round)"
         )
-    faults = left_out_table(read_jsonl(run_dir / "clients.jsonl"))
+    faults = left_out_table(read_jsonl(run_dir / CLIENTS))
     if faults:
         print("\nLeft out of aggregation (the federation went on without them):")
         print(faults)
@@ -248,7 +244,7 @@ def _print_summary(run_dir: Path) -> None:
     if exposure:
         print("\nClients ranked by each proxy (1 = most exposed) beside SPEAR++'s recovery:")
         print(exposure)
-    print(f"\nrun directory: {run_dir}  (report: {run_dir / REPORT_FILE})")
+    print(f"\nrun directory: {run_dir}  (report: {run_dir / REPORT})")
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -268,10 +264,11 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from fl_sim.report import build_report
+    from fl_sim.rundir import is_run_dir
 
     run_dir = Path(args.run_dir)
     # A run of fl-sim has rounds.jsonl; an audited Flower app of one's own only audit.jsonl.
-    if not any((run_dir / name).is_file() for name in ("rounds.jsonl", "audit.jsonl")):
+    if not is_run_dir(run_dir):
         raise SystemExit(
             f"fl-sim report: {run_dir} is not a run directory (no rounds.jsonl, no audit.jsonl)"
         )

@@ -7,18 +7,15 @@ afterwards, naming its directory.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fl_sim import rundir
 from fl_sim.apps.client import make_client_app
 from fl_sim.apps.interruption import Interruption
-from fl_sim.apps.recorder import ROUNDS_FILE
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
@@ -51,32 +48,11 @@ class RunStoppedError(Exception):
         self.exit_code = exit_code
 
 
-def last_round(run_dir: Path) -> int:
-    """The last round whose global model was tested (0: none trained)."""
-    path = run_dir / ROUNDS_FILE
-    if not path.is_file():
-        return 0
-    rounds = [json.loads(line)["round"] for line in path.read_text().splitlines() if line.strip()]
-    return max(rounds, default=0)
-
-
-def new_run_dir(out: Path | None, name: str, root: Path = Path("runs")) -> Path:
-    """A directory no earlier run wrote to: ``out`` if given (must not hold files), else
-    ``runs/NAME-YYYYmmdd-HHMMSS[-k]``."""
-    if out is not None:
-        if out.exists() and any(out.iterdir()):
-            raise FileExistsError(f"--out {out} already holds files: runs never overwrite")
-        out.mkdir(parents=True, exist_ok=True)
-        return out
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for k in range(1000):
-        path = root / (f"{name}-{stamp}" + (f"-{k}" if k else ""))
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free run directory under {root}")
+def write_scenario(run_dir: Path, scenario: Scenario, resolved: dict[str, Any]) -> None:
+    """``scenario.json``: the scenario as resolved (what ``fl-sim audit`` parses again to
+    resume) and as typed (every default filled in)."""
+    typed = scenario.model_dump(mode="json")
+    rundir.write_json(run_dir / rundir.SCENARIO, {"resolved": resolved, "typed": typed})
 
 
 def _quiet_ray() -> dict[str, Any]:
@@ -101,11 +77,9 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
         recorded as interrupted) or an error, once the report was built from what was
         recorded.
     """
-    run_dir = new_run_dir(out, scenario.name)
-    (run_dir / "scenario.json").write_text(
-        json.dumps({"resolved": resolved, "typed": scenario.model_dump(mode="json")}, indent=2)
-    )
-    handler = logging.FileHandler(run_dir / "run.log")
+    run_dir = rundir.new_run_dir(out, scenario.name)
+    write_scenario(run_dir, scenario, resolved)
+    handler = logging.FileHandler(run_dir / rundir.RUN_LOG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     interruption = Interruption()
@@ -122,7 +96,7 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
         if stopped is not None:
             print(file=sys.stderr)  # ends the progress line, which ends with a carriage return
             _wait_for_server(interruption)
-            log.warning("run %s %s after round %d", run_dir, stopped, last_round(run_dir))
+            log.warning("run %s %s after round %d", run_dir, stopped, rundir.last_round(run_dir))
         _write_outputs(run_dir, quiet=stopped is not None)
     finally:
         logging.getLogger().removeHandler(handler)
@@ -160,22 +134,6 @@ def _simulate(scenario: Scenario, run_dir: Path, interruption: Interruption) -> 
     from flwr.simulation import run_simulation
 
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    described = data.description
-    (run_dir / "data.json").write_text(
-        json.dumps(
-            {
-                "source": data.source,
-                "pool_size": len(data.labels),
-                "test_size": len(data.test),
-                "input_shape": list(described.input_shape),
-                "num_classes": described.num_classes,
-                "value_range": {"low": described.low, "high": described.high},
-                "feature_names": described.feature_names,
-                "normalization": asdict(described.normalization),
-            },
-            indent=2,
-        )
-    )
     log.info(
         "run %s: %d clients, %d rounds, data %s, Ray %s",
         run_dir,

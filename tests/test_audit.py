@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from fl_sim.audit.auditor import AUDIT_FILE, METRIC_KEYS, Auditor
+from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.job import AttackJob
+from fl_sim.audit.log import METRIC_KEYS
 from fl_sim.audit.plans import AttackRun
 from fl_sim.audit.reaudit import reaudit
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.report import build_report
 from fl_sim.run import run_scenario
+from fl_sim.rundir import AUDIT
 from strategies import InterceptedUpdate, LeftOut
 
 REQUIRED = {"round", "client", "defence", "status", "batch_size", "epsilon", *METRIC_KEYS}
@@ -42,7 +44,7 @@ MUST_SHOW: dict[str, Any] = {
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / AUDIT_FILE).read_text().splitlines()]
+    return [json.loads(x) for x in (run_dir / AUDIT).read_text().splitlines()]
 
 
 def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> None:
@@ -85,7 +87,7 @@ def test_audit_does_not_change_the_global_model(tmp_path: Path) -> None:
     off = run_scenario(parse_scenario(off_raw), off_raw, tmp_path / "off")
     a, b = torch.load(on / "global_model.pt"), torch.load(off / "global_model.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert len(_records(on)) == 4 and not (off / AUDIT_FILE).exists()
+    assert len(_records(on)) == 4 and not (off / AUDIT).exists()
 
 
 def _update(server_round: int, client: int, m: int = 20, n: int = 3072) -> InterceptedUpdate:
@@ -159,8 +161,8 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
     complete = _records(run_dir)
     assert len(complete) == 4 and len(list((run_dir / "updates").glob("*.npz"))) == 4
     # An interruption after the first two records: the rest are lost, those two kept.
-    lines = (run_dir / AUDIT_FILE).read_text().splitlines(keepends=True)
-    (run_dir / AUDIT_FILE).write_text("".join(lines[:2]))
+    lines = (run_dir / AUDIT).read_text().splitlines(keepends=True)
+    (run_dir / AUDIT).write_text("".join(lines[:2]))
     assert reaudit(run_dir) == 2
     resumed = _records(run_dir)
     assert sorted((r["round"], r["client"]) for r in resumed) == [(1, 0), (1, 1), (2, 0), (2, 1)]

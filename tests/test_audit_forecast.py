@@ -11,13 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_sim.audit.auditor import (
-    AUDIT_FILE,
-    FORECAST_FILE,
-    FORECAST_SAMPLES_FILE,
-    PROXIES_FILE,
-    Auditor,
-)
+from fl_sim import rundir
+from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.updates import load_update, save_update
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.config.schema import InversionSpec
@@ -84,7 +79,7 @@ def test_inversion_and_proxies_are_recorded_per_sample(tmp_path: Path) -> None:
         assert auditor.queue(_update(data, net, client)) == 3  # 2 attack runs + proxies
     assert auditor.queue(_update(data, net, 2, whole=False)) == 0  # refused at once
     auditor.finish()
-    records = _lines(tmp_path / AUDIT_FILE)
+    records = _lines(tmp_path / rundir.AUDIT)
     runs = sorted((r["client"], r["attack"], r.get("loss"), r["status"]) for r in records)
     assert runs == [
         (c, "inversion", loss, "refused" if c == 2 else "approximate")
@@ -99,19 +94,19 @@ def test_inversion_and_proxies_are_recorded_per_sample(tmp_path: Path) -> None:
     assert all(
         r["knowledge"]["labels"] == "recovered" for r in scored if r["attack"] == "inversion"
     )
-    proxies = _lines(tmp_path / PROXIES_FILE)
+    proxies = _lines(tmp_path / rundir.PROXIES)
     assert sorted(p["client"] for p in proxies) == [0, 1, 2]
     refused = next(p for p in proxies if p["client"] == 2)
     assert refused["status"] == "refused"
     done = [p for p in proxies if p["status"] == "done"]
     values = [s[name] for p in done for s in p["samples"] for name in PROXIES]
     assert len(values) == 6 * len(PROXIES) and all(math.isfinite(v) and v > 0 for v in values)
-    forecast = _lines(tmp_path / FORECAST_FILE)
+    forecast = _lines(tmp_path / rundir.FORECAST)
     assert {(f["run"], f["round"]) for f in forecast} == {
         (run, r) for run in ("inversion-cosine", "inversion-l2") for r in (1, None)
     }
     assert all(f["samples"] == 6 and set(f["spearman"]) == set(PROXIES) for f in forecast)
-    joined = _lines(tmp_path / FORECAST_SAMPLES_FILE)
+    joined = _lines(tmp_path / rundir.FORECAST_SAMPLES)
     assert len(joined) == 6 and all(
         {"mse:inversion-l2", "psnr:inversion-cosine"} <= set(s) for s in joined
     )

@@ -36,7 +36,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp.typing import ClientAppCallable, Mod
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 from torch import nn
 
 from clients.settings import Real, Settings, ValidationError, explain
@@ -62,6 +62,16 @@ class DefenceSettings(Settings):
     def _named(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Dumped settings say whose they are (scenario.json, bench results).
         return {"defence": self.defence, **handler(self)}
+
+
+def _delta(delta: float) -> float:
+    if not 0 < delta < 1:
+        raise ValueError("must be in (0, 1)")
+    return delta
+
+
+# The delta of a defence's (epsilon, delta) guarantee (DP-SGD's, local DP's), in (0, 1).
+Delta = Annotated[Real, AfterValidator(_delta)]
 
 
 class TrainingSettings(DefenceSettings):

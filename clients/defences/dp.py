@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from clients import training
-from clients.defences.base import EPSILON, STEPS, Disclosure, register
+from clients.defences.base import EPSILON, STEPS, Delta, Disclosure, register
 from clients.defences.fedavg import EpochSettings, FedAvg
 from clients.privacy import PrivacyLedger
 from clients.settings import Bool, Real
@@ -56,7 +56,7 @@ class DpSettings(EpochSettings):
     clip: Real = 1.0
     noise_multiplier: Annotated[Real, Field(ge=0)] = 0.0
     poisson: Bool = False
-    delta: Real = 1e-5
+    delta: Delta = 1e-5
 
     @field_validator("clip")
     @classmethod
@@ -64,13 +64,6 @@ class DpSettings(EpochSettings):
         if not clip > 0:
             raise ValueError("need clip > 0 (a per-sample norm bound)")
         return clip
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, delta: float) -> float:
-        if not 0 < delta < 1:
-            raise ValueError("must be in (0, 1)")
-        return delta
 
 
 @register

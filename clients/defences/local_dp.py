@@ -25,13 +25,14 @@ import numpy as np
 from flwr.app import ConfigRecord, ConfigRecordValues, Context, Message
 from flwr.clientapp.mod import LocalDpMod
 from flwr.clientapp.typing import ClientAppCallable, Mod
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from clients.defences.base import (
     EPSILON,
     LR,
     STEPS,
     DefenceSettings,
+    Delta,
     Disclosure,
     UpdateMod,
     declare_mod,
@@ -60,14 +61,7 @@ class LocalDpSettings(DefenceSettings):
     clipping_norm: Annotated[Real, Field(gt=0)] = 1.0
     sensitivity: Annotated[Real, Field(gt=0)] = 1.0
     epsilon: Annotated[Real, Field(gt=0)] = 1.0
-    delta: Real = 1e-5
-
-    @field_validator("delta")
-    @classmethod
-    def _delta(cls, delta: float) -> float:
-        if not 0 < delta < 1:
-            raise ValueError("must be in (0, 1)")
-        return delta
+    delta: Delta = 1e-5
 
     def noise_std(self) -> float:
         """Per-entry std of the noise LocalDpMod adds to the weights (update units)."""

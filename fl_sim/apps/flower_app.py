@@ -5,12 +5,15 @@ each told its client id by ``--node-config "partition-id=I num-partitions=N"``).
 Under ``flwr run`` the scenario comes from the run config: ``scenario`` is the path of a TOML
 file (relative to the app's directory, which ``flwr run`` ships to every SuperNode) and ``out``
 the folder under which the run directory is made (relative to the SuperLink's working
-directory). ``fl-sim run`` builds the same apps around an in-memory scenario instead.
+directory). ``fl-sim run`` builds the same apps around an in-memory scenario instead. Either
+way the run directory is the same (:mod:`fl_sim.rundir`): resumable by ``fl-sim audit`` and
+reportable by ``fl-sim report``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -19,16 +22,20 @@ from flwr.serverapp import Grid, ServerApp
 from fl_sim.apps.client import DefenceMods, client_reply
 from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario
-from fl_sim.run import new_run_dir
+from fl_sim.run import write_scenario
+from fl_sim.rundir import new_run_dir
 
 # The app's root: the project here, the unpacked app bundle under a SuperLink or SuperNode.
 APP_DIR = Path(__file__).resolve().parents[2]
 
 
-def _scenario(context: Context) -> Scenario:
+def _resolved(context: Context) -> tuple[Scenario, dict[str, Any]]:
     path = APP_DIR / str(context.run_config.get("scenario", "configs/quickstart.toml"))
-    scenario, _ = load_scenario(path)
-    return scenario
+    return load_scenario(path)
+
+
+def _scenario(context: Context) -> Scenario:
+    return _resolved(context)[0]
 
 
 def partition_id(context: Context, scenario: Scenario) -> int:
@@ -72,7 +79,7 @@ def train(msg: Message, context: Context) -> Message:
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     """All rounds of the run config's scenario, recorded in a fresh run directory."""
-    scenario = _scenario(context)
+    scenario, resolved = _resolved(context)
     if scenario.federation.secagg is not None or scenario.federation.central_dp is not None:
         # Their client mods are fixed when a ClientApp is built; these module-level apps are
         # built before the run config names the scenario.
@@ -81,4 +88,6 @@ def main(grid: Grid, context: Context) -> None:
             "fl-sim's simulation only (`fl-sim run`), not under `flwr run`"
         )
     out = Path(str(context.run_config.get("out", "runs")))
-    run_federation(grid, context, scenario, new_run_dir(None, scenario.name, root=out))
+    run_dir = new_run_dir(None, scenario.name, root=out)
+    write_scenario(run_dir, scenario, resolved)
+    run_federation(grid, context, scenario, run_dir)

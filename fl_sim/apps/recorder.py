@@ -1,14 +1,14 @@
-"""What the server records as a run goes: global test metrics and per-client training rows
-(also for clients left out of aggregation, with their status and reason), appended line by
-line so an interrupted run keeps every finished round."""
+"""What the server records as a run goes: the data it runs on, global test metrics and
+per-client training rows (also for clients left out of aggregation, with their status and
+reason), appended line by line so an interrupted run keeps every finished round."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,18 +20,26 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import nn
 
 from fl_sim.config.schema import Scenario
-from fl_sim.data.federated import federated_data
+from fl_sim.data.federated import FederatedData, federated_data
+from fl_sim.rundir import CLIENTS, DATA, ROUNDS, append_jsonl, write_json
 from strategies import LeftOut
 from strategies.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 
-ROUNDS_FILE = "rounds.jsonl"
-CLIENTS_FILE = "clients.jsonl"
 
-
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """Append one JSON object as a line, flushed at once."""
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
+def data_facts(data: FederatedData) -> dict[str, Any]:
+    """What ``data.json`` says of the data a run used: the dataset actually loaded, its input
+    shape, classes, value range and normalisation (the report's and the judge's scales)."""
+    described = data.description
+    return {
+        "source": data.source,
+        "pool_size": len(data.labels),
+        "test_size": len(data.test),
+        "input_shape": list(described.input_shape),
+        "num_classes": described.num_classes,
+        "value_range": {"low": described.low, "high": described.high},
+        "feature_names": described.feature_names,
+        "normalization": asdict(described.normalization),
+    }
 
 
 class RunRecorder:
@@ -42,7 +50,7 @@ class RunRecorder:
     scenario
         The run.
     run_dir
-        Where ``rounds.jsonl`` and ``clients.jsonl`` grow.
+        Where ``data.json`` is written and ``rounds.jsonl`` and ``clients.jsonl`` grow.
     progress
         Stream for the progress line (``None``: silent).
     round_epsilon
@@ -63,6 +71,7 @@ class RunRecorder:
         self.progress = progress
         self.started = time.perf_counter()
         self.data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+        write_json(run_dir / DATA, data_facts(self.data))
         x, self._y = self.data.tensors(self.data.test)
         self._x = x.to(getattr(torch, scenario.model.dtype))
         self._left_out: Counter[int] = Counter()  # replies left out, per round
@@ -89,7 +98,7 @@ class RunRecorder:
         }
         if self.round_epsilon is not None and server_round > 0:
             row["epsilon"] = self.round_epsilon(server_round)
-        append_jsonl(self.run_dir / ROUNDS_FILE, row)
+        append_jsonl(self.run_dir / ROUNDS, row)
         self._show(row)
         return MetricRecord({"test-loss": loss, "test-accuracy": accuracy})
 
@@ -104,7 +113,7 @@ class RunRecorder:
                     "status": OK,
                 }
                 row |= {k.replace("-", "_"): v for k, v in declared.items()}
-                append_jsonl(self.run_dir / CLIENTS_FILE, row)
+                append_jsonl(self.run_dir / CLIENTS, row)
         return aggregate_metricrecords(contents, weighted_by_key)
 
     def legacy_client_metrics(
@@ -115,7 +124,7 @@ class RunRecorder:
         for _, declared in fit_metrics:
             row = {"round": declared.get(SERVER_ROUND), "client": declared.get(PARTITION_ID)}
             row |= {"status": OK} | {k.replace("-", "_"): v for k, v in declared.items()}
-            append_jsonl(self.run_dir / CLIENTS_FILE, row)
+            append_jsonl(self.run_dir / CLIENTS, row)
         total = sum(n for n, _ in fit_metrics)
         loss = sum(n * float(m[TRAIN_LOSS]) for n, m in fit_metrics) / total
         return {TRAIN_LOSS: loss}
@@ -130,7 +139,7 @@ class RunRecorder:
         }
         row |= {k.replace("-", "_"): v for k, v in fault.declared.items()}
         row |= {"status": fault.status, "reason": fault.reason}
-        append_jsonl(self.run_dir / CLIENTS_FILE, row)
+        append_jsonl(self.run_dir / CLIENTS, row)
         self._left_out[fault.server_round] += 1
 
     def _show(self, row: dict[str, Any]) -> None:

@@ -32,11 +32,10 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.model import array_keys, first_linear
+from fl_sim.rundir import MODEL
 from strategies import FaultTolerant, HonestButCurious, LeftOut, Tampering
 
 log = logging.getLogger(__name__)
-
-MODEL_FILE = "global_model.pt"
 
 
 def initial_arrays(scenario: Scenario, data: DataDescription) -> ArrayRecord:
@@ -151,7 +150,7 @@ def _federate(
             # Flower's result holds the last aggregate: none when every round failed, and the
             # global model is then the initial one.
             final = result.arrays if len(result.arrays) else start
-        torch.save(final.to_torch_state_dict(), run_dir / MODEL_FILE)
+        torch.save(final.to_torch_state_dict(), run_dir / MODEL)
     finally:
         if auditor is not None:
             auditor.finish(interrupted=interruption is not None and interruption.requested)

@@ -3,7 +3,8 @@ honest-but-curious server, its records written to a run directory, no ground tru
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import asdict
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -11,6 +12,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
+from fl_sim import rundir
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.normalize import Normalization
@@ -82,7 +84,8 @@ class AuditedStrategy(HonestButCurious):
     A drop-in for a ServerApp's strategy: ``AuditedStrategy(FedAvg(...), "runs/app").start(
     grid=grid, initial_arrays=arrays, num_rounds=3)``. :meth:`start` finds the layer in the
     initial arrays (refusing at once a model it cannot attack), runs the rounds, then waits for
-    the attacks still running and writes ``report.html``. With no ground truth each record
+    the attacks still running and writes ``report.html``; ``audited.json`` keeps what the audit
+    was run with, for ``fl-sim audit`` to resume it. With no ground truth each record
     holds what the attack knows: status, estimated batch size, certified (exact) samples,
     timings, the reconstruction (``reconstructions/``) and, for images, its grid (``grids/``).
 
@@ -167,6 +170,17 @@ class AuditedStrategy(HonestButCurious):
         """
         self.layer = find_layer(initial_arrays, self.named_layer, self.model)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        norm = self.normalization
+        rundir.write_json(
+            self.run_dir / rundir.AUDITED,
+            {
+                "settings": self.spec.model_dump(mode="json"),
+                "layer": list(self.layer),
+                "input_shape": list(self.input_shape) if self.input_shape else None,
+                "normalization": asdict(norm) if norm is not None else None,
+                "seed": self.seed,
+            },
+        )
         self.auditor = Auditor(
             self.spec,
             None,
@@ -190,3 +204,24 @@ class AuditedStrategy(HonestButCurious):
         finally:
             self.auditor.finish()
             build_report(self.run_dir)
+
+
+def resumed_auditor(run_dir: Path, done: Collection[tuple[int, int, str]]) -> Auditor:
+    """The auditor an :class:`AuditedStrategy` ran in ``run_dir``, from its ``audited.json``,
+    for ``fl-sim audit`` to attack the stored updates that have no record (``done``: those
+    that have)."""
+    kept = rundir.read_json(run_dir / rundir.AUDITED)
+    norm = kept["normalization"]
+    w_key, b_key = kept["layer"]
+    return Auditor(
+        AuditSpec.model_validate(kept["settings"]),
+        None,
+        run_dir,
+        int(kept["seed"]),
+        layer=(str(w_key), str(b_key)),
+        done=done,
+        input_shape=tuple(kept["input_shape"]) if kept["input_shape"] else None,
+        normalization=Normalization(tuple(norm["mean"]), tuple(norm["std"]), norm["ndim"])
+        if norm
+        else None,
+    )

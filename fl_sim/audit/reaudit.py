@@ -1,24 +1,20 @@
-"""``fl-sim audit RUN_DIR``: resume an interrupted audit, or redo it, from stored updates."""
+"""``fl-sim audit RUN_DIR``: resume an interrupted audit, or redo it, from stored updates: of a
+run of fl-sim's own federation (``fl-sim run`` or ``flwr run``, its ``scenario.json``) or of a
+Flower app of one's own audited by AuditedStrategy (its ``audited.json``, no ground truth)."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
+from typing import Any
 
+from fl_sim import rundir
 from fl_sim.apps.server import attacked_layer
-from fl_sim.audit.auditor import (
-    AUDIT_FILE,
-    PROXIES_FILE,
-    PROXY_RUN,
-    UPDATES_DIR,
-    Auditor,
-)
+from fl_sim.audit.audited import resumed_auditor
+from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.log import AuditLog
 from fl_sim.audit.updates import load_update
 from fl_sim.config import parse_scenario
 from fl_sim.data.federated import federated_data
-from fl_sim.forecast.table import record_run
-from fl_sim.report.build import read_jsonl
 
 
 def reaudit(run_dir: Path, redo: bool = False) -> int:
@@ -29,35 +25,25 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     Raises
     ------
     FileNotFoundError
-        When the run kept no updates (``[audit] keep_updates = true`` keeps them).
+        When the run kept no updates (``[audit] keep_updates = true`` keeps them), or says
+        neither how its federation nor how its audit was run.
     """
-    stored = sorted((run_dir / UPDATES_DIR).glob("r*-c*.npz"))
+    log = AuditLog(run_dir)
+    stored = log.stored_updates()
     if not stored:
         raise FileNotFoundError(
-            f"{run_dir / UPDATES_DIR} holds no updates: run with --set audit.keep_updates=true"
+            f"{run_dir / rundir.UPDATES_DIR} holds no updates: run with "
+            "--set audit.keep_updates=true"
         )
-    raw = json.loads((run_dir / "scenario.json").read_text())["resolved"]
-    scenario = parse_scenario(raw)
-    audit_file, proxies_file = run_dir / AUDIT_FILE, run_dir / PROXIES_FILE
+    raw = rundir.read_json(run_dir / rundir.SCENARIO).get("resolved")
+    if raw is None and not (run_dir / rundir.AUDITED).is_file():
+        raise FileNotFoundError(
+            f"{run_dir} has neither {rundir.SCENARIO} nor {rundir.AUDITED}: nothing says how "
+            "it was audited"
+        )
     if redo:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        for path in (audit_file, proxies_file):
-            if path.exists():
-                path.rename(run_dir / f"{path.stem}-{stamp}.jsonl")
-    done = {(r["round"], r["client"], record_run(r)) for r in read_jsonl(audit_file)}
-    done |= {(r["round"], r["client"], PROXY_RUN) for r in read_jsonl(proxies_file)}
-    data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    auditor = Auditor(
-        scenario.audit,
-        data,
-        run_dir,
-        scenario.seed,
-        architecture=scenario.model.build(data.description),
-        layer=attacked_layer(scenario, data.description),
-        done=done,
-        cluster=scenario.cluster,
-        behaviour=scenario.server.behaviour.behaviour,
-    )
+        log.set_aside()
+    auditor = resumed_auditor(run_dir, log.done()) if raw is None else _auditor(run_dir, raw, log)
     queued = 0
     try:
         for path in stored:
@@ -65,3 +51,20 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     finally:
         auditor.finish()
     return queued
+
+
+def _auditor(run_dir: Path, raw: dict[str, Any], log: AuditLog) -> Auditor:
+    """The auditor of a run of fl-sim's own federation, from its resolved scenario."""
+    scenario = parse_scenario(raw)
+    data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+    return Auditor(
+        scenario.audit,
+        data,
+        run_dir,
+        scenario.seed,
+        architecture=scenario.model.build(data.description),
+        layer=attacked_layer(scenario, data.description),
+        done=log.done(),
+        cluster=scenario.cluster,
+        behaviour=scenario.server.behaviour.behaviour,
+    )

@@ -21,6 +21,7 @@ from typing import Any
 from fl_sim.bench.invocation import command_line, results_folder
 from fl_sim.bench.machine import machine, measured_header
 from fl_sim.bench.proctree import stop_trees, tree_memory
+from fl_sim.rundir import AUDIT, DATA, ROUNDS, read_json, read_jsonl
 
 _SAMPLE_S = 0.5
 
@@ -74,14 +75,10 @@ def measure_command(args: list[str], log: Path, timeout_s: float) -> dict[str, A
     }
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-
-
 def run_facts(run_dir: Path) -> dict[str, Any]:
     """What the run directory says: rounds' timing, the audit's records."""
-    rounds = _jsonl(run_dir / "rounds.jsonl")
-    audit = _jsonl(run_dir / "audit.jsonl")
+    rounds = read_jsonl(run_dir / ROUNDS)
+    audit = read_jsonl(run_dir / AUDIT)
     seconds = [r["seconds"] for r in rounds]
     attack_s = [r["seconds"] for r in audit if r.get("seconds") is not None]
     return {
@@ -95,9 +92,7 @@ def run_facts(run_dir: Path) -> dict[str, Any]:
         "audit_records": len(audit),
         "audit_statuses": dict(Counter(r["status"] for r in audit)),
         "attack_seconds_mean": sum(attack_s) / len(attack_s) if attack_s else None,
-        "data": json.loads((run_dir / "data.json").read_text())["source"]
-        if (run_dir / "data.json").is_file()
-        else None,
+        "data": read_json(run_dir / DATA).get("source"),
     }
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fl_sim.audit.log import COHORT_VIEW
 from fl_sim.forecast.table import (
     client_exposure,
     is_spearpp,
@@ -19,17 +19,19 @@ from fl_sim.forecast.table import (
 from fl_sim.report.faults import left_out_table
 from fl_sim.report.forecast import correlation_table, exposure_table, forecast_scatter
 from fl_sim.report.plots import epsilon_vs_leakage, leakage_per_defence, leakage_per_round
-
-REPORT_FILE = "report.html"
-# The ``view`` of the record of an attack on a secure aggregate (fl_sim.audit.auditor).
-COHORT_VIEW = "cohort"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (none if it does not exist)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from fl_sim.rundir import (
+    ACCURACY_PLOT,
+    AUDIT,
+    CLIENTS,
+    DATA,
+    PLOTS_DIR,
+    PROXIES,
+    REPORT,
+    ROUNDS,
+    SCENARIO,
+    read_json,
+    read_jsonl,
+)
 
 
 def _fmt(value: Any, pattern: str = "{:.1f}") -> str:
@@ -115,6 +117,7 @@ def cohort_table(records: list[dict[str, Any]]) -> str:
         )
     return "\n".join(lines)
 
+
 def server_line(rounds: list[dict[str, Any]], clients: list[dict[str, Any]]) -> str:
     """What the server sent (its behaviour, honest before there were others) and how many of
     the clients' checks of the model they received flagged it."""
@@ -161,8 +164,8 @@ def inversion_table(records: list[dict[str, Any]]) -> str:
 def forecast_tables(run_dir: Path) -> tuple[str, str, list[dict[str, Any]]]:
     """The proxies' correlation table and client exposure table of a run ('' where there is
     nothing to show), and the joined per-sample rows."""
-    records = read_jsonl(run_dir / "audit.jsonl")
-    samples = joined_samples(records, read_jsonl(run_dir / "proxies.jsonl"))
+    records = read_jsonl(run_dir / AUDIT)
+    samples = joined_samples(records, read_jsonl(run_dir / PROXIES))
     if not samples:
         return "", "", samples
     rows = round_correlations(samples)
@@ -175,10 +178,7 @@ def forecast_tables(run_dir: Path) -> tuple[str, str, list[dict[str, Any]]]:
 
 def planned_rounds(run_dir: Path) -> int | None:
     """The rounds the run's scenario asked for (``scenario.json``), if it says."""
-    path = run_dir / "scenario.json"
-    if not path.is_file():
-        return None
-    rounds = json.loads(path.read_text()).get("typed", {}).get("rounds")
+    rounds = read_json(run_dir / SCENARIO).get("typed", {}).get("rounds")
     return int(rounds) if rounds is not None else None
 
 
@@ -199,16 +199,14 @@ def _img(path: Path, alt: str) -> str:
 
 def build_report(run_dir: Path) -> Path:
     """Write the plots and ``report.html`` (all images inline, opens offline) for a run."""
-    records = read_jsonl(run_dir / "audit.jsonl")
-    rounds = read_jsonl(run_dir / "rounds.jsonl")
-    clients = read_jsonl(run_dir / "clients.jsonl")
+    records = read_jsonl(run_dir / AUDIT)
+    rounds = read_jsonl(run_dir / ROUNDS)
+    clients = read_jsonl(run_dir / CLIENTS)
     faults = left_out_table(clients)
     done = max((r["round"] for r in rounds), default=0)
     planned = planned_rounds(run_dir)
-    data = (
-        json.loads((run_dir / "data.json").read_text()) if (run_dir / "data.json").is_file() else {}
-    )
-    plots_dir = run_dir / "plots"
+    data = read_json(run_dir / DATA)
+    plots_dir = run_dir / PLOTS_DIR
     plots_dir.mkdir(exist_ok=True)
     scored = [
         r
@@ -225,8 +223,8 @@ def build_report(run_dir: Path) -> Path:
             ("Leakage per defence", leakage_per_defence(scored, plots_dir / "leakage_defence.png")),
             ("Epsilon against leakage", epsilon_vs_leakage(scored, plots_dir / "epsilon.png")),
         ]
-    if (run_dir / "accuracy.png").is_file():
-        figures.append(("Global model", run_dir / "accuracy.png"))
+    if (run_dir / ACCURACY_PLOT).is_file():
+        figures.append(("Global model", run_dir / ACCURACY_PLOT))
     correlations, exposure, samples = forecast_tables(run_dir)
     scatter = forecast_scatter(samples, plots_dir / "forecast.png")
     parts = [
@@ -331,6 +329,6 @@ def build_report(run_dir: Path) -> Path:
             f"<td style='text-align:left'>{cell}</td></tr>"
         )
     parts.append("</table></body></html>")
-    out = run_dir / REPORT_FILE
+    out = run_dir / REPORT
     out.write_text("\n".join(parts))
     return out

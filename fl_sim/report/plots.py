@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+
+from fl_sim.rundir import ACCURACY_PLOT, DATA, ROUNDS, read_json, read_jsonl
 
 # Figures are made without pyplot: no GUI backend, no global state, nothing to close.
 
@@ -94,9 +95,8 @@ def epsilon_vs_leakage(records: list[dict[str, Any]], path: Path) -> Path:
 def plot_accuracy(run_dir: Path) -> Path:
     """``accuracy.png``: the global model's test accuracy and loss per round, beside chance
     (one over the classes ``data.json`` names; 10 for runs that predate it)."""
-    rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    data = run_dir / "data.json"
-    classes = json.loads(data.read_text()).get("num_classes", 10) if data.is_file() else 10
+    rows = read_jsonl(run_dir / ROUNDS)
+    classes = read_json(run_dir / DATA).get("num_classes", 10)
     rounds = [r["round"] for r in rows]
     fig = Figure(figsize=(6, 3.5))
     acc_ax = fig.subplots()
@@ -109,4 +109,4 @@ def plot_accuracy(run_dir: Path) -> Path:
     loss_ax.set_ylabel("test loss", color="tab:red")
     acc_ax.legend(loc="lower right")
     fig.suptitle("global model on the held-out split")
-    return _save(fig, run_dir / "accuracy.png")
+    return _save(fig, run_dir / ACCURACY_PLOT)

@@ -11,11 +11,8 @@ import numpy as np
 
 from attacks import Reconstruction, SpearConfig, reconstruct
 from fl_sim.audit.grid import DRAWABLE_CHANNELS, save_row
+from fl_sim.rundir import ATTACK_GRID, ATTACK_RECONSTRUCTION, ATTACK_RESULT
 from fl_sim.saved_update.update_file import SavedUpdate
-
-RECONSTRUCTION_FILE = "reconstruction.npz"
-RESULT_FILE = "result.json"
-GRID_FILE = "grid.png"
 
 
 def attack_update(
@@ -60,8 +57,8 @@ def attack_update(
     out.mkdir(parents=True, exist_ok=True)
     inputs = rec.inputs.numpy()
     certified = rec.certified.numpy().astype(bool)
-    np.savez(out / RECONSTRUCTION_FILE, inputs=inputs, certified=certified)
-    grid, why = _grid(update, inputs, out / GRID_FILE)
+    np.savez(out / ATTACK_RECONSTRUCTION, inputs=inputs, certified=certified)
+    grid, why = _grid(update, inputs, out / ATTACK_GRID)
     result = {
         "status": rec.status,
         "reason": rec.reason,
@@ -78,10 +75,10 @@ def attack_update(
             "next_layer": update.next_layer is not None,
             "input_shape": list(update.input_shape) if update.input_shape else None,
         },
-        "files": {"reconstruction": RECONSTRUCTION_FILE, "grid": grid, "grid_note": why},
+        "files": {"reconstruction": ATTACK_RECONSTRUCTION, "grid": grid, "grid_note": why},
         "attack": rec.summary(),
     }
-    (out / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    (out / ATTACK_RESULT).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

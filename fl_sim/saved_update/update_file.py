@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_sim.audit.auditor import rounding_noise
+from fl_sim.audit.threat_model import rounding_noise
 from strategies import update_as_gradient
 
 # The first layer as the server sent it.

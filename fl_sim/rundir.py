@@ -1,0 +1,127 @@
+"""The run directory: every file name of a run, and the JSON-lines helpers every writer and
+reader of it uses (``fl-sim run``, ``flwr run`` through :mod:`fl_sim.apps.flower_app` or a
+user's :class:`~fl_sim.audit.audited.AuditedStrategy`, ``fl-sim audit``, ``fl-sim report``).
+
+A run of fl-sim's own federation has every file; the audit of a user's Flower app has what
+needs no scenario (the audit's records, their grids and reconstructions, the report). A run
+directory is resumable (``fl-sim audit``) when it holds :data:`UPDATES_DIR` and what the audit
+was run with (:data:`SCENARIO`, or :data:`AUDITED` for an app of one's own), and reportable
+(``fl-sim report``) when it holds :data:`ROUNDS` or :data:`AUDIT`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+# The scenario as resolved and as typed (``{"resolved": ..., "typed": ...}``).
+SCENARIO = "scenario.json"
+# An audit of one's own Flower app (AuditedStrategy), in place of a scenario: its settings,
+# attacked layer, input shape, normalisation and seed.
+AUDITED = "audited.json"
+# The dataset actually used: source, input shape, classes, value range, normalisation.
+DATA = "data.json"
+# One row per round: the global model's test loss and accuracy (and central DP's epsilon).
+ROUNDS = "rounds.jsonl"
+# One row per client and round: what it declared, its status and, if left out, the reason.
+CLIENTS = "clients.jsonl"
+# One record per client, round and attack, appended as soon as it is known.
+AUDIT = "audit.jsonl"
+# Per attacked batch, each sample's vulnerability proxies (``[audit] proxies``).
+PROXIES = "proxies.jsonl"
+# Derived from AUDIT and PROXIES at the end of an audit (rewritten, not appended).
+FORECAST = "forecast.jsonl"
+FORECAST_SAMPLES = "forecast_samples.jsonl"
+# The global model after the last round (a torch state dict).
+MODEL = "global_model.pt"
+REPORT = "report.html"
+RUN_LOG = "run.log"
+ACCURACY_PLOT = "accuracy.png"
+PLOTS_DIR = "plots"
+# Originals over reconstructions (images), or heat-maps of tabular records.
+GRIDS_DIR = "grids"
+# Every intercepted update (``[audit] keep_updates``): what ``fl-sim audit`` resumes from.
+UPDATES_DIR = "updates"
+# Job inputs on their way to the attack workers; removed once judged.
+JOBS_DIR = "jobs"
+# Without ground truth: each reconstruction (inputs, certified mask), for the user to read.
+RECONSTRUCTIONS_DIR = "reconstructions"
+
+# ``fl-sim attack UPDATE.npz --out DIR``'s folder.
+ATTACK_RESULT = "result.json"
+ATTACK_RECONSTRUCTION = "reconstruction.npz"
+ATTACK_GRID = "grid.png"
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """Append one JSON object as a line, flushed at once (an interrupted run keeps it)."""
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Rewrite ``path`` with one JSON object a line (for derived files)."""
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (none if it does not exist)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write one JSON document, indented for reading."""
+    path.write_text(json.dumps(value, indent=2))
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """One JSON document (empty if the file does not exist: a run that predates it)."""
+    if not path.is_file():
+        return {}
+    value = json.loads(path.read_text())
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
+def last_round(run_dir: Path) -> int:
+    """The last round whose global model was tested (0: none trained)."""
+    return max((row["round"] for row in read_jsonl(run_dir / ROUNDS)), default=0)
+
+
+def is_run_dir(run_dir: Path) -> bool:
+    """Whether ``run_dir`` can be reported: a federation's rounds, or an audit of one's own."""
+    return any((run_dir / name).is_file() for name in (ROUNDS, AUDIT))
+
+
+def new_run_dir(out: Path | None, name: str, root: Path = Path("runs")) -> Path:
+    """A directory no earlier run wrote to: ``out`` if given (must not hold files), else
+    ``root/NAME-YYYYmmdd-HHMMSS[-k]``."""
+    if out is not None:
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"--out {out} already holds files: runs never overwrite")
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for k in range(1000):
+        path = root / (f"{name}-{stamp}" + (f"-{k}" if k else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run directory under {root}")
+
+
+def set_aside(*paths: Path) -> None:
+    """Rename each JSON-lines file that exists to ``STEM-YYYYmmdd-HHMMSS.jsonl`` beside it
+    (one time for all: kept, not overwritten, when an audit is redone)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for path in paths:
+        if path.exists():
+            path.rename(path.with_name(f"{path.stem}-{stamp}.jsonl"))
