@@ -19,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_sim.apps.client import DefenceMods, client_reply
 from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario
+from fl_sim.progress import RunProgress
 from fl_sim.run import new_run_dir
 
 # The app's root: the project here, the unpacked app bundle under a SuperLink or SuperNode.
@@ -81,4 +82,8 @@ def main(grid: Grid, context: Context) -> None:
             "fl-sim's simulation only (`fl-sim run`), not under `flwr run`"
         )
     out = Path(str(context.run_config.get("out", "runs")))
-    run_federation(grid, context, scenario, new_run_dir(None, scenario.name, root=out))
+    run_dir = new_run_dir(None, scenario.name, root=out)
+    # Plain lines: Flower streams this process's output (flwr run --stream, flwr log).
+    progress = RunProgress(scenario.rounds, run_dir, live=False)
+    with progress:
+        run_federation(grid, context, scenario, run_dir, progress=progress)
