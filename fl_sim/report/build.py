@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment, PackageLoader, StrictUndefined, Template
 
 from fl_sim.forecast.table import (
     client_exposure,
@@ -25,13 +26,23 @@ REPORT_FILE = "report.html"
 # Shipped beside this module (pyproject's package-data), autoescaped: every value the template
 # gets is text from the run's records, escaped once, there.
 REPORT_TEMPLATE = "report.html.j2"
-_TEMPLATES = Environment(
-    loader=PackageLoader("fl_sim.report", "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
+
+
+@functools.cache
+def _template() -> Template:
+    """The report's template, loaded at the first report: a FAB of fl-sim's own sources
+    (``flwr run .``) carries only Flower's file types (.py, .toml, .md, ...), so the ServerApp
+    it runs imports this module without the template beside it."""
+    environment = Environment(
+        loader=PackageLoader("fl_sim.report", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return environment.get_template(REPORT_TEMPLATE)
+
+
 # The ``view`` of the record of an attack on a secure aggregate (fl_sim.audit.auditor).
 COHORT_VIEW = "cohort"
 
@@ -257,7 +268,7 @@ def build_report(run_dir: Path) -> Path:
     correlations, exposure, samples = forecast_tables(run_dir)
     scatter = forecast_scatter(samples, plots_dir / "forecast.png")
     epsilons = [r for r in rounds if r.get("epsilon") is not None]
-    page = _TEMPLATES.get_template(REPORT_TEMPLATE).render(
+    page = _template().render(
         run_name=run_dir.name,
         data_source=str(data.get("source", "unknown")),
         shape=_shape(data),
