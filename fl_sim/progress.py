@@ -4,6 +4,7 @@ accuracy, the audit's attacks done of those queued, and the time since the start
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -92,7 +93,11 @@ class RunProgress:
     def __enter__(self) -> RunProgress:
         if self.live:
             self._display = Live(
-                console=self.console, refresh_per_second=4, get_renderable=self._render
+                console=self.console,
+                refresh_per_second=4,
+                get_renderable=self._render,
+                # Prints to a stdout of its own (fl-sim run > FILE) stay there.
+                redirect_stdout=sys.stdout.isatty(),
             )
             self._display.start()
         return self

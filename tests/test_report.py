@@ -233,8 +233,10 @@ def test_the_template_ships_in_the_wheel(tmp_path: Path) -> None:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, src / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(tmp_path / "wheel"), str(src)],
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"),
+            *("-w", str(tmp_path / "wheel"), str(src)),
+        ],
         check=True,
         capture_output=True,
     )

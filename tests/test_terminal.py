@@ -101,7 +101,7 @@ def test_live_progress_on_a_terminal_leaves_the_summary_whole(tmp_path: Path) ->
         for r in (0, 1, 2):
             progress.round_done(r, 0.5, 1.0, 0)
         _audit_line(tmp_path / "audit.jsonl", {"attack": "spearpp", "status": "exact"})
-        print("printed while it runs")  # redirected above the display
+        print("printed while it runs", file=sys.stderr)  # redirected above the display
     print("SUMMARY", file=out)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # colours, cursor moves
     assert "tiny: 2 clients, 2 rounds\n" in text and "printed while it runs\n" in text
