@@ -7,7 +7,6 @@ import atexit
 import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import get_args
 
@@ -22,6 +21,7 @@ from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining
 from fl_sim.config.schema import ModelSpec
+from fl_sim.terminal import configure_logging
 
 
 def _custom_case(args: argparse.Namespace) -> AttackCase:
@@ -188,7 +188,9 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         raise SystemExit(f"fl-sim run: {err}") from None
     try:
-        run_dir = run_scenario(scenario, resolved, Path(args.out) if args.out else None)
+        run_dir = run_scenario(
+            scenario, resolved, Path(args.out) if args.out else None, show_progress=not args.quiet
+        )
     except RunStoppedError as stopped:
         _print_summary(stopped.run_dir)
         print(
@@ -305,8 +307,19 @@ def _attack(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
-    parser = argparse.ArgumentParser(prog="fl-sim", description=__doc__)
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and results")
+    # Plain text: the module's docstring is reStructuredText, which argparse prints as is.
+    parser = argparse.ArgumentParser(
+        prog="fl-sim",
+        description="Simulated Flower federations audited by an honest-but-curious server "
+        "(SPEAR++), and the attack on any saved update.",
+    )
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument(
+        "-q", "--quiet", action="store_true", help="only warnings and results (no progress)"
+    )
+    talk.add_argument(
+        "-v", "--verbose", action="store_true", help="also the log's INFO lines (run.log has them)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a federation scenario (TOML) in Flower's simulation")
     run.add_argument("config", help="scenario file, e.g. configs/quickstart.toml")
@@ -458,10 +471,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Known and harmless: geoopt's use of torch.jit.script, Opacus' full backward hooks.
-_QUIET_WARNINGS = ("`torch.jit.script` is deprecated", "Full backward hook is firing")
-
-
 def _exit_interrupted() -> int:
     from fl_sim.run import EXIT_INTERRUPTED
 
@@ -471,15 +480,10 @@ def _exit_interrupted() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fl-sim`` console script (``argv`` None: the process's own
     arguments, and the process is the command's)."""
-    for message in _QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        force=True,
-    )
+    # fl-sim run shows its progress instead of INFO lines; the benchmarks log theirs.
+    quiet = args.quiet or (args.command == "run" and not args.verbose)
+    configure_logging(logging.WARNING if quiet else logging.INFO)
     code = int(args.func(args))
     if argv is None and args.command == "run" and code == _exit_interrupted():
         # Ctrl-C also stopped Ray's processes, and Ray's native threads then crashed the

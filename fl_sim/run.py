@@ -7,18 +7,19 @@ afterwards, naming its directory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from fl_sim import rundir
 from fl_sim.apps.client import make_client_app
 from fl_sim.apps.interruption import Interruption
+from fl_sim.apps.legacy_simulation import simulate
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
+from fl_sim.progress import RunProgress
 from fl_sim.report import build_report
 from fl_sim.report.plots import plot_accuracy
 
@@ -55,14 +56,14 @@ def write_scenario(run_dir: Path, scenario: Scenario, resolved: dict[str, Any]) 
     rundir.write_json(run_dir / rundir.SCENARIO, {"resolved": resolved, "typed": typed})
 
 
-def _quiet_ray() -> dict[str, Any]:
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    return {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False}
-
-
-def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None = None) -> Path:
+def run_scenario(
+    scenario: Scenario,
+    resolved: dict[str, Any],
+    out: Path | None = None,
+    show_progress: bool = True,
+) -> Path:
     """Run ``scenario`` with Flower's Ray-backed simulation; returns the run directory.
+    ``show_progress``: rounds and attacks on stderr as the run goes (:class:`RunProgress`).
 
     The directory holds ``scenario.json`` (the resolved config), ``data.json`` (which dataset
     was actually used, its input shape, classes, value range and normalisation),
@@ -84,19 +85,23 @@ def run_scenario(scenario: Scenario, resolved: dict[str, Any], out: Path | None 
     logging.getLogger().addHandler(handler)
     interruption = Interruption()
     stopped: RunStoppedError | None = None
+    progress = RunProgress(scenario.rounds, run_dir) if show_progress else None
     try:
-        try:
-            _simulate(scenario, run_dir, interruption)
-        except KeyboardInterrupt:
-            stopped = RunStoppedError(run_dir, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
-        except Exception as err:
-            log.exception("the run failed")
-            stopped = RunStoppedError(run_dir, f"failed: {type(err).__name__}: {err}", 1)
-            stopped.__cause__ = err
-        if stopped is not None:
-            print(file=sys.stderr)  # ends the progress line, which ends with a carriage return
-            _wait_for_server(interruption)
-            log.warning("run %s %s after round %d", run_dir, stopped, rundir.last_round(run_dir))
+        # The live display ends before the report is built and the summary printed.
+        with progress if progress is not None else contextlib.nullcontext():
+            try:
+                _simulate(scenario, run_dir, interruption, progress)
+            except KeyboardInterrupt:
+                stopped = RunStoppedError(run_dir, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+            except Exception as err:
+                log.exception("the run failed")
+                stopped = RunStoppedError(run_dir, f"failed: {type(err).__name__}: {err}", 1)
+                stopped.__cause__ = err
+            if stopped is not None:
+                _wait_for_server(interruption)
+                log.warning(
+                    "run %s %s after round %d", run_dir, stopped, rundir.last_round(run_dir)
+                )
         _write_outputs(run_dir, quiet=stopped is not None)
     finally:
         logging.getLogger().removeHandler(handler)
@@ -129,28 +134,23 @@ def _write_outputs(run_dir: Path, quiet: bool) -> None:
         log.exception("the report of the stopped run could not be built")
 
 
-def _simulate(scenario: Scenario, run_dir: Path, interruption: Interruption) -> None:
+def _simulate(
+    scenario: Scenario,
+    run_dir: Path,
+    interruption: Interruption,
+    progress: RunProgress | None,
+) -> None:
     """The federation itself, in Flower's simulation engine."""
-    from flwr.simulation import run_simulation
-
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    log.info(
-        "run %s: %d clients, %d rounds, data %s, Ray %s",
-        run_dir,
-        len(scenario.clients),
-        scenario.rounds,
-        data.source,
-        scenario.cluster.ray_address(),
+    setup = (
+        f"{scenario.name}: {len(scenario.clients)} clients, {scenario.rounds} rounds, data "
+        f"{data.source}, Ray {scenario.cluster.ray_address()}; run directory {run_dir}"
     )
-    run_simulation(
-        server_app=make_server_app(scenario, run_dir, interruption),
-        client_app=make_client_app(scenario),
-        num_supernodes=len(scenario.clients),
-        backend_config={
-            "client_resources": {
-                "num_cpus": scenario.client_cpus,
-                "num_gpus": scenario.client_gpus,
-            },
-            "init_args": {**_quiet_ray(), "address": scenario.cluster.ray_address()},
-        },
+    log.info("run %s", setup)
+    if progress is not None:
+        progress.note(setup)
+    simulate(
+        make_server_app(scenario, run_dir, interruption, progress),
+        make_client_app(scenario),
+        scenario,
     )

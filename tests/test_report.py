@@ -7,6 +7,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +149,97 @@ def test_clients_left_out_are_listed_in_the_report(tmp_path: Path) -> None:
     report = build_report(run).read_text()
     assert "Clients left out of aggregation" in report and "1-2, 5 (3)" in report
     assert "Rounds: 2 of 10 (the run stopped early)" in report
+
+
+def _quickstart_like(root: Path) -> Path:
+    """A run directory with every section of the report: the summary, a client left out, a
+    secure aggregate, central DP's epsilon, the plots and the grids."""
+    run = _run_dir(root)
+    (run / "scenario.json").write_text(json.dumps({"typed": {"rounds": 2}}))
+    rounds = [
+        {"round": r, "test_loss": 2.0, "test_accuracy": 0.3, "epsilon": 1.5 * r} for r in (1, 2)
+    ]
+    (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    clients = [
+        {"round": 1, "client": 0, "status": "ok", "tamper_flagged": False},
+        {"round": 2, "client": 3, "status": "diverged", "reason": "training loss is nan"},
+    ]
+    (run / "clients.jsonl").write_text("".join(json.dumps(r) + "\n" for r in clients))
+    cohort = {
+        "round": 1,
+        "client": -1,
+        "view": "cohort",
+        "defence": "secagg",
+        "status": "failed",
+        "clients": [0, 1],
+        "batch_size": 8,
+        "psnr_mean": 4.0,
+        "share_exact": 0.0,
+        "share_near_exact": 0.0,
+        "dropped_nodes": [],
+    }
+    with (run / "audit.jsonl").open("a") as f:
+        f.write(json.dumps(cohort) + "\n")
+    return run
+
+
+def test_the_report_has_every_section(tmp_path: Path) -> None:
+    html = build_report(_quickstart_like(tmp_path / "run")).read_text()
+    sections = re.findall(r"<h2>(.*?)</h2>", html)
+    assert sections == [
+        "Summary per client",
+        "Secure aggregation: the sum the server saw",
+        "Central DP: Flower's epsilon per round",
+        "Clients left out of aggregation",
+        "Leakage per round and client",
+        "Leakage per defence",
+        "Epsilon against leakage",
+        "Global model",
+        "Every reconstruction",
+    ]
+    assert "Rounds: 2. Server behaviour: honest;" in " ".join(html.split())
+    assert "flagged the model it sent in 0 of 1 replies" in html
+    assert "round   2: epsilon 3" in html and "training loss is nan" in html
+    assert "over 1 rounds, 8 samples: 0% exact" in html  # the cohort table's last line
+    # One row per record, with its grid where it has one: 4 scored, 1 rejected, 1 sum.
+    assert html.count("<tr><td>") == 6 and html.count('alt="round ') == 4
+    assert html.count("<img ") == 4 + 4 and "reply lacks arrays" in html
+
+
+def test_what_the_records_say_is_escaped(tmp_path: Path) -> None:
+    """Defence labels, statuses and reasons come from clients' replies: never markup."""
+    run = _run_dir(tmp_path / "run")
+    hostile = "<script>alert('x')</script>"
+    rows = [json.loads(x) for x in (run / "audit.jsonl").read_text().splitlines()]
+    rows[-1] |= {"defence": hostile, "reason": hostile}
+    (run / "audit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "clients.jsonl").write_text(
+        json.dumps({"round": 2, "client": 5, "status": "rejected", "reason": hostile}) + "\n"
+    )
+    (run / "data.json").write_text(json.dumps({"source": hostile}))
+    html = build_report(run).read_text()
+    assert "<script" not in html
+    escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
+    # The data source, the summary's and the row's defence, the row's reason, the left-out table.
+    assert html.count(escaped) == 5
+
+
+def test_the_template_ships_in_the_wheel(tmp_path: Path) -> None:
+    """pip install . gets the report's template (package data), not only the modules."""
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    for name in ("fl_sim", "attacks", "clients", "strategies"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"),
+            *("-w", str(tmp_path / "wheel"), str(src)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert "fl_sim/report/templates/report.html.j2" in z.namelist()

@@ -22,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_sim.apps.client import DefenceMods, client_reply
 from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario
+from fl_sim.progress import RunProgress
 from fl_sim.run import write_scenario
 from fl_sim.rundir import new_run_dir
 
@@ -90,4 +91,7 @@ def main(grid: Grid, context: Context) -> None:
     out = Path(str(context.run_config.get("out", "runs")))
     run_dir = new_run_dir(None, scenario.name, root=out)
     write_scenario(run_dir, scenario, resolved)
-    run_federation(grid, context, scenario, run_dir)
+    # Plain lines: Flower streams this process's output (flwr run --stream, flwr log).
+    progress = RunProgress(scenario.rounds, run_dir, live=False)
+    with progress:
+        run_federation(grid, context, scenario, run_dir, progress=progress)

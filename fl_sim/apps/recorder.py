@@ -4,13 +4,12 @@ reason), appended line by line so an interrupted run keeps every finished round.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +23,9 @@ from fl_sim.data.federated import FederatedData, federated_data
 from fl_sim.rundir import CLIENTS, DATA, ROUNDS, append_jsonl, write_json
 from strategies import LeftOut
 from strategies.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
+
+if TYPE_CHECKING:  # fl_sim.progress reads the audit's records, whose module reads these
+    from fl_sim.progress import RunProgress
 
 
 def data_facts(data: FederatedData) -> dict[str, Any]:
@@ -52,7 +54,7 @@ class RunRecorder:
     run_dir
         Where ``data.json`` is written and ``rounds.jsonl`` and ``clients.jsonl`` grow.
     progress
-        Stream for the progress line (``None``: silent).
+        Told each round's test metrics (``None``: silent).
     round_epsilon
         Round -> the federation's epsilon after it, under central DP: written beside each
         round's test metrics.
@@ -62,7 +64,7 @@ class RunRecorder:
         self,
         scenario: Scenario,
         run_dir: Path,
-        progress: TextIO | None = sys.stderr,
+        progress: RunProgress | None = None,
         round_epsilon: Callable[[int], float] | None = None,
     ):
         self.scenario = scenario
@@ -143,16 +145,8 @@ class RunRecorder:
         self._left_out[fault.server_round] += 1
 
     def _show(self, row: dict[str, Any]) -> None:
-        if self.progress is None:
-            return
-        total = self.scenario.rounds
-        done = int(row["round"])
-        bar = "#" * done + "." * (total - done)
-        left = self._left_out[done]
-        self.progress.write(
-            f"\r[{bar}] round {done}/{total}  test acc {row['test_accuracy']:.3f}  "
-            f"loss {row['test_loss']:.3f}  {row['seconds']:.0f} s"
-            + (f"  {left} left out" if left else "")
-            + ("\n" if done == total or left else "")
-        )
-        self.progress.flush()
+        if self.progress is not None:
+            done = int(row["round"])
+            self.progress.round_done(
+                done, row["test_accuracy"], row["test_loss"], self._left_out[done]
+            )

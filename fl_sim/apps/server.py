@@ -32,8 +32,16 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.model import array_keys, first_linear
+from fl_sim.progress import RunProgress
 from fl_sim.rundir import MODEL
-from strategies import FaultTolerant, HonestButCurious, LeftOut, Tampering
+from strategies import (
+    FaultTolerant,
+    HonestButCurious,
+    InterceptedUpdate,
+    LeftOut,
+    Tampering,
+    UpdateSink,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +80,11 @@ def run_federation(
     scenario: Scenario,
     run_dir: Path,
     interruption: Interruption | None = None,
+    progress: RunProgress | None = None,
 ) -> None:
     """All rounds of ``scenario`` on ``grid``, recorded in ``run_dir``; with the audit on, the
-    server is honest but curious and every attack is collected before this returns.
+    server is honest but curious and every attack is collected before this returns. With
+    ``progress``, each round's test metrics and the attacks queued are shown there.
 
     With ``interruption``, a requested stop ends the run at the server's next wait for
     replies (:class:`~fl_sim.apps.interruption.RunInterruptedError`): the attacks still running are
@@ -85,7 +95,7 @@ def run_federation(
     if interruption is not None:
         interruption.begin()
     try:
-        _federate(grid, context, scenario, run_dir, interruption)
+        _federate(grid, context, scenario, run_dir, interruption, progress)
     except RunInterruptedError:  # asked for: the main thread reports what was recorded
         log.info("the server stopped: the run was interrupted")
     finally:
@@ -99,10 +109,13 @@ def _federate(
     scenario: Scenario,
     run_dir: Path,
     interruption: Interruption | None,
+    progress: RunProgress | None,
 ) -> None:
     if interruption is not None:
         grid = InterruptibleGrid(grid, interruption)
-    recorder = RunRecorder(scenario, run_dir, round_epsilon=central_epsilon(scenario))
+    recorder = RunRecorder(
+        scenario, run_dir, progress=progress, round_epsilon=central_epsilon(scenario)
+    )
     strategy: Strategy = build_strategy(scenario, recorder)
     described = recorder.data.description
     layer = attacked_layer(scenario, described)
@@ -120,7 +133,9 @@ def _federate(
             draws=functools.partial(drawn_samples, scenario, recorder.data),
             behaviour=scenario.server.behaviour.behaviour,
         )
-        strategy = HonestButCurious(strategy, auditor, layer, keep_whole=auditor.keeps_whole)
+        strategy = HonestButCurious(
+            strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole
+        )
     strategy = Tampering(
         strategy,
         scenario.server.behaviour,
@@ -156,15 +171,30 @@ def _federate(
             auditor.finish(interrupted=interruption is not None and interruption.requested)
 
 
+def _counted(auditor: Auditor, progress: RunProgress | None) -> UpdateSink:
+    """The auditor as the strategy's sink, telling ``progress`` how many jobs each update
+    queued."""
+    if progress is None:
+        return auditor
+
+    def queue(update: InterceptedUpdate) -> None:
+        progress.attacks_queued(auditor.queue(update))
+
+    return queue
+
+
 def make_server_app(
-    scenario: Scenario, run_dir: Path, interruption: Interruption | None = None
+    scenario: Scenario,
+    run_dir: Path,
+    interruption: Interruption | None = None,
+    progress: RunProgress | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``scenario`` and records into ``run_dir`` (stopping early when
-    ``interruption`` says so)."""
+    ``interruption`` says so; showing its rounds and attacks on ``progress``)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_federation(grid, context, scenario, run_dir, interruption)
+        run_federation(grid, context, scenario, run_dir, interruption, progress)
 
     return app

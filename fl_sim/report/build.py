@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
-import html
+import functools
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, Template
 
 from fl_sim.audit.log import COHORT_VIEW
 from fl_sim.forecast.table import (
@@ -32,6 +34,25 @@ from fl_sim.rundir import (
     read_json,
     read_jsonl,
 )
+
+# Shipped beside this module (pyproject's package-data), autoescaped: every value the template
+# gets is text from the run's records, escaped once, there.
+REPORT_TEMPLATE = "report.html.j2"
+
+
+@functools.cache
+def _template() -> Template:
+    """The report's template, loaded at the first report: a FAB of fl-sim's own sources
+    (``flwr run .``) carries only Flower's file types (.py, .toml, .md, ...), so the ServerApp
+    it runs imports this module without the template beside it."""
+    environment = Environment(
+        loader=PackageLoader("fl_sim.report", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return environment.get_template(REPORT_TEMPLATE)
 
 
 def _fmt(value: Any, pattern: str = "{:.1f}") -> str:
@@ -118,16 +139,15 @@ def cohort_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def server_line(rounds: list[dict[str, Any]], clients: list[dict[str, Any]]) -> str:
-    """What the server sent (its behaviour, honest before there were others) and how many of
-    the clients' checks of the model they received flagged it."""
-    behaviour = rounds[-1].get("server_behaviour", "honest") if rounds else "honest"
+def server_behaviour(rounds: list[dict[str, Any]], clients: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the server sent (``behaviour``: honest before there were others) and how many of
+    the clients' checks of the model they received (``checked``) ``flagged`` it."""
     checked = [c for c in clients if "tamper_flagged" in c]
-    flagged = sum(bool(c["tamper_flagged"]) for c in checked)
-    return (
-        f"Server behaviour: {behaviour}; the clients' check flagged the model it sent in "
-        f"{flagged} of {len(checked)} replies."
-    )
+    return {
+        "behaviour": rounds[-1].get("server_behaviour", "honest") if rounds else "honest",
+        "flagged": sum(bool(c["tamper_flagged"]) for c in checked),
+        "checked": len(checked),
+    }
 
 
 def inversion_table(records: list[dict[str, Any]]) -> str:
@@ -192,9 +212,28 @@ def _shape(data: dict[str, Any]) -> str:
     return f" ({what}, {classes} classes)"
 
 
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def _png(path: Path) -> str:
+    """A PNG file as a ``data:`` URI: the report opens offline, as one file."""
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def _row(run_dir: Path, r: dict[str, Any]) -> dict[str, Any]:
+    """One record's row of the report's table of every reconstruction."""
+    grid = run_dir / r["grid"] if r.get("grid") else None
+    return {
+        "round": r["round"],
+        "client": "sum" if is_cohort(r) else r["client"],
+        "attack": "-" if "attack" in r and r["attack"] is None else record_run(r),
+        "defence": r["defence"],
+        "epsilon": _fmt(r.get("epsilon"), "{:.3g}"),
+        "status": r["status"],
+        "batch": f"{r.get('batch_size')} / {_fmt(r.get('batch_size_estimated'), '{}')}",
+        "psnr": _fmt(r.get("psnr_mean")),
+        "exact": _fmt(r.get("share_exact") and 100 * r["share_exact"], "{:.0f}%"),
+        "columns": f"{_fmt(r.get('columns_verified'), '{}')} / {_fmt(r.get('certified'), '{}')}",
+        "grid": _png(grid) if grid and grid.is_file() else None,
+        "reason": str(r.get("reason") or ""),
+    }
 
 
 def build_report(run_dir: Path) -> Path:
@@ -202,16 +241,13 @@ def build_report(run_dir: Path) -> Path:
     records = read_jsonl(run_dir / AUDIT)
     rounds = read_jsonl(run_dir / ROUNDS)
     clients = read_jsonl(run_dir / CLIENTS)
-    faults = left_out_table(clients)
     done = max((r["round"] for r in rounds), default=0)
     planned = planned_rounds(run_dir)
     data = read_json(run_dir / DATA)
     plots_dir = run_dir / PLOTS_DIR
     plots_dir.mkdir(exist_ok=True)
     scored = [
-        r
-        for r in records
-        if r.get("psnr_mean") is not None and is_spearpp(r) and not is_cohort(r)
+        r for r in records if r.get("psnr_mean") is not None and is_spearpp(r) and not is_cohort(r)
     ]
     figures = []
     if scored:
@@ -227,108 +263,30 @@ def build_report(run_dir: Path) -> Path:
         figures.append(("Global model", run_dir / ACCURACY_PLOT))
     correlations, exposure, samples = forecast_tables(run_dir)
     scatter = forecast_scatter(samples, plots_dir / "forecast.png")
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>fl-sim leakage audit</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
-        "text-align:right}img{max-width:100%}pre{background:#f6f6f6;padding:1em}</style>",
-        "</head><body>",
-        f"<h1>Leakage audit: {html.escape(run_dir.name)}</h1>",
-        f"<p>Data: {html.escape(str(data.get('source', 'unknown')))}{_shape(data)}. "
-        f"Rounds: {done}"
-        + (
-            f" of {planned} (the run stopped early)"
-            if planned is not None and done < planned
-            else ""
-        )
-        + f". {server_line(rounds, clients)}"
-        + " Final test accuracy: "
-        f"{_fmt(rounds[-1]['test_accuracy'] if rounds else None, '{:.3f}')}. "
-        "PSNR on the data's [0, 1] scale (pixels / 255; tabular features min-max scaled over "
-        "the dataset). Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, as shares of the "
-        "client's batch "
-        "(the judge's, from the ground truth); certified: the share the attack itself vouches "
-        "for, without ground truth (columns: the samples' output gradients it verified).</p>",
-        f"<h2>Summary per client</h2><pre>{html.escape(summary_table(records))}</pre>",
-    ]
-    cohorts = cohort_table(records)
-    if cohorts:
-        parts.append(
-            "<h2>Secure aggregation: the sum the server saw</h2><p>Under SecAgg+ the server "
-            "receives only the masked, quantised sum of each round's cohort: SPEAR++ attacked it "
-            "as one batch of every summed client's samples (quantisation noise told when "
-            "<code>knows_noise</code>), and the judge gave each recovered sample to the client "
-            "it belongs to (the per-client rows above, <code>view: aggregate</code>).</p>"
-            f"<pre>{html.escape(cohorts)}</pre>"
-        )
     epsilons = [r for r in rounds if r.get("epsilon") is not None]
-    if epsilons:
-        parts.append(
-            "<h2>Central DP: Flower's epsilon per round</h2><p>Noise is added to the aggregate "
-            "only: the honest-but-curious server attacked each update before it (clipped, for "
-            "client-side clipping). Epsilon: Opacus' RDP accountant on Flower's noise "
-            "multiplier, every client in every round (no sampling amplification).</p><pre>"
-            + html.escape(
-                "\n".join(f"round {r['round']:>3}: epsilon {r['epsilon']:.3g}" for r in epsilons)
-            )
-            + "</pre>"
-        )
-    if faults:
-        parts.append(
-            "<h2>Clients left out of aggregation</h2><p>Their training diverged, their round "
-            "failed, or their reply could not be used: the federation went on without them "
-            "(a round without any reply kept the global model).</p>"
-            f"<pre>{html.escape(faults)}</pre>"
-        )
-    for title, path in figures:
-        parts.append(f"<h2>{html.escape(title)}</h2>{_img(path, title)}")
-    inversion = inversion_table(records)
-    if inversion:
-        parts.append(
-            "<h2>Optimisation attack (gradient matching)</h2><p>PSNR per sample after "
-            "matching, on the [0, 1] scale; labels = share of batches whose label multiset was "
-            f"recovered right.</p><pre>{html.escape(inversion)}</pre>"
-        )
-    if exposure:
-        parts.append(
-            "<h2>Forecast: vulnerability proxies</h2><p>Per sample at its ground truth: the "
-            "gradient norm |g| and LAVP, extreme eigenvalues of each attack loss's input "
-            "Hessian (L2 max/min, cosine min/max; fused = sqrt(L2 max x cosine min)). "
-            "Spearman's rho of each proxy with the optimisation attack's MSE, per round "
-            "(negative: a larger proxy forecasts a better reconstruction):</p>"
-            f"<pre>{html.escape(correlations or 'no optimisation attack scored a sample')}</pre>"
-            "<p>Clients ranked by each proxy (1 = largest median over its samples: most exposed "
-            "as the paper reads LAVP), beside what SPEAR++ recovered from them:</p>"
-            f"<pre>{html.escape(exposure)}</pre>"
-        )
-    if scatter is not None:
-        parts.append(f"<h2>Proxy against MSE, per loss</h2>{_img(scatter, 'forecast')}")
-    parts.append(
-        "<h2>Every reconstruction</h2><table><tr><th>round</th><th>client</th>"
-        "<th>attack</th><th>defence</th><th>epsilon</th><th>status</th><th>B / B_hat</th>"
-        "<th>PSNR mean</th><th>exact</th><th>columns / certified</th>"
-        "<th>originals (top) / reconstructions (images, or heat-maps of the records)</th></tr>"
+    page = _template().render(
+        run_name=run_dir.name,
+        data_source=str(data.get("source", "unknown")),
+        shape=_shape(data),
+        done=done,
+        planned=planned,
+        stopped_early=planned is not None and done < planned,
+        server=server_behaviour(rounds, clients),
+        accuracy=_fmt(rounds[-1]["test_accuracy"] if rounds else None, "{:.3f}"),
+        summary=summary_table(records),
+        cohorts=cohort_table(records),
+        epsilons="\n".join(f"round {r['round']:>3}: epsilon {r['epsilon']:.3g}" for r in epsilons),
+        faults=left_out_table(clients),
+        figures=[{"title": title, "src": _png(path)} for title, path in figures],
+        inversion=inversion_table(records),
+        correlations=correlations,
+        exposure=exposure,
+        scatter=_png(scatter) if scatter is not None else None,
+        rows=[
+            _row(run_dir, r)
+            for r in sorted(records, key=lambda r: (r["round"], r["client"], record_run(r)))
+        ],
     )
-    for r in sorted(records, key=lambda r: (r["round"], r["client"], record_run(r))):
-        grid = run_dir / r["grid"] if r.get("grid") else None
-        cell = (
-            _img(grid, f"round {r['round']} client {r['client']}")
-            if grid and grid.is_file()
-            else html.escape(str(r.get("reason") or ""))
-        )
-        parts.append(
-            f"<tr><td>{r['round']}</td><td>{'sum' if is_cohort(r) else r['client']}</td>"
-            f"<td>{html.escape('-' if 'attack' in r and r['attack'] is None else record_run(r))}"
-            "</td>"
-            f"<td>{html.escape(r['defence'])}</td>"
-            f"<td>{_fmt(r.get('epsilon'), '{:.3g}')}</td><td>{html.escape(r['status'])}</td>"
-            f"<td>{r.get('batch_size')} / {_fmt(r.get('batch_size_estimated'), '{}')}</td>"
-            f"<td>{_fmt(r.get('psnr_mean'))}</td>"
-            f"<td>{_fmt(r.get('share_exact') and 100 * r['share_exact'], '{:.0f}%')}</td>"
-            f"<td>{_fmt(r.get('columns_verified'), '{}')} / {_fmt(r.get('certified'), '{}')}</td>"
-            f"<td style='text-align:left'>{cell}</td></tr>"
-        )
-    parts.append("</table></body></html>")
     out = run_dir / REPORT
-    out.write_text("\n".join(parts))
+    out.write_text(page)
     return out
