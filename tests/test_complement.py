@@ -70,3 +70,17 @@ def test_candidates_are_distinct_and_never_a_found_column_while_others_are_left(
     same = (points @ points.T).abs().fill_diagonal_(0)
     assert same.max() < 1 - 1e-6
     assert (points @ geom.to_engine(found).T).abs().max() < 1 - 1e-6
+
+
+def test_with_no_column_found_every_direction_is_a_candidate() -> None:
+    # A sign round that found nothing (a small float32 layer did) hands over no columns: the
+    # whole space is the complement, and exact columns can still come back from it.
+    geom, truth, rule, _ = _setting(4, 60, 0, depth=2)
+    points = complement_columns(
+        geom, truth[:0], rule, torch.Generator().manual_seed(0), "eigh", True
+    )
+    b = truth.shape[1]
+    assert points.shape == (max(8, 4 * b), b)
+    assert torch.allclose(points.norm(dim=1), torch.ones(len(points), dtype=torch.float64))
+    hits = (points @ geom.to_engine(truth).T).abs() > 1 - 1e-9
+    assert hits.any(dim=0).sum() >= 1

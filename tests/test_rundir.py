@@ -157,7 +157,9 @@ def test_flwr_run_of_fl_sims_app_writes_its_scenario(
     """Under ``flwr run`` fl-sim's own ServerApp writes the scenario ``fl-sim audit`` resumes
     from, as ``fl-sim run`` does (and its recorder writes ``data.json``, as under fl-sim run)."""
     ran: list[Path] = []
-    monkeypatch.setattr(flower_app, "run_federation", lambda g, c, s, run_dir: ran.append(run_dir))
+    monkeypatch.setattr(
+        flower_app, "run_federation", lambda g, c, s, run_dir, **_: ran.append(run_dir)
+    )
     config = {"scenario": "configs/quickstart.toml", "out": str(tmp_path)}
     flower_app.main(None, Context(1, 0, {}, RecordDict(), config))  # type: ignore[arg-type]
     (run_dir,) = ran

@@ -99,7 +99,9 @@ def complement_columns(
     # A direction's deepest rows are often a found sample's zeros too, and then their null
     # space holds its column or mixes of it: a true column has its sample's whole zero set.
     zeros = zero_mask(engine_left, points, rule).sum(dim=1).to(points.dtype)
-    known = (points @ geom.to_engine(found).T).abs().amax(dim=1) > _SAME_COSINE
+    known = torch.zeros(len(points), dtype=torch.bool, device=points.device)
+    if len(found):  # with none found yet (a sign round that found nothing) none is known
+        known = (points @ geom.to_engine(found).T).abs().amax(dim=1) > _SAME_COSINE
     score = zeros.masked_fill(known, -torch.inf)
     # The same column comes back from many directions: take the sparsest, drop its copies,
     # and again.

@@ -176,7 +176,9 @@ def _null_step(
     for step in range(_IRLS_STEPS):
         if step:
             size = torch.einsum("krb,kb->kr", rows, q).abs()
-            weights = mask / size.clamp_min(_IRLS_FLOOR * size.amax(dim=1, keepdim=True))
+            largest = size.amax(dim=1, keepdim=True)
+            # A point null on all its rows (a small layer's) has nothing to reweight by: 0 / 0.
+            weights = torch.where(largest > 0, mask / size.clamp_min(_IRLS_FLOOR * largest), mask)
         gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
         if complement is None:
             q = smallest(gram, q)
