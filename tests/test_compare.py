@@ -87,6 +87,7 @@ def test_each_run_is_counted_by_its_best_attack_per_record_against_the_honest_ru
     assert second.share_exact == pytest.approx((3 + 1) / 8)
     assert second.share_near_exact == pytest.approx((3 + 2) / 8)
     assert (second.most_exposed_client, second.most_exposed_share) == (0, 0.75)
+    assert first.most_exposed_by_round == {1: 0.5} and second.most_exposed_by_round == {1: 0.75}
     assert second.by_attack == {"analytic": 0.5, "spearpp": 0.125}
     assert second.accuracy_cost == pytest.approx(0.10)
     assert second.flagged_share == 1.0

@@ -48,6 +48,9 @@ class BehaviourRun:
         counted by its best attack.
     most_exposed_client, most_exposed_share
         The client with the largest exact share over the run, and that share.
+    most_exposed_by_round
+        Per round, the largest exact share of one client's batch (a behaviour that isolates
+        one client in some rounds shows there).
     by_attack
         Per attack: the exact share of the samples it was run on.
     final_accuracy
@@ -68,6 +71,7 @@ class BehaviourRun:
     share_near_exact: float
     most_exposed_client: int | None
     most_exposed_share: float
+    most_exposed_by_round: dict[int, float]
     by_attack: dict[str, float]
     final_accuracy: float | None
     accuracy_cost: float | None
@@ -135,6 +139,9 @@ def summarise(run_dir: Path, honest_accuracy: float | None = None) -> BehaviourR
         per_client[client][0] += b["exact"] * b["size"]
         per_client[client][1] += b["size"]
     exposed = max(per_client, key=lambda c: per_client[c][0] / per_client[c][1], default=None)
+    by_round: dict[int, float] = {}
+    for (server_round, _), b in sorted(best.items()):
+        by_round[server_round] = max(by_round.get(server_round, 0.0), b["exact"])
     rounds = read_jsonl(run_dir / "rounds.jsonl")
     accuracy = float(rounds[-1]["test_accuracy"]) if rounds else None
     checked = [c for c in read_jsonl(run_dir / "clients.jsonl") if "tamper_flagged" in c]
@@ -152,6 +159,7 @@ def summarise(run_dir: Path, honest_accuracy: float | None = None) -> BehaviourR
         most_exposed_share=(
             per_client[exposed][0] / per_client[exposed][1] if exposed is not None else 0.0
         ),
+        most_exposed_by_round=by_round,
         by_attack={a: n / total for a, (n, total) in sorted(attacked.items())},
         final_accuracy=accuracy,
         accuracy_cost=(
