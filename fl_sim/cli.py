@@ -21,6 +21,7 @@ from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining
 from fl_sim.config.schema import ModelSpec
+from fl_sim.report import compare
 from fl_sim.terminal import configure_logging
 
 
@@ -352,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-budget", type=float, help="seconds after which no new search pass starts"
     )
     attack_file.set_defaults(func=_attack)
+    compare.add_command(sub)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     attack = bench.add_parser("attack", help="SPEAR++ on client updates of real CIFAR-10 images")
     attack.add_argument("--preset", choices=sorted(PRESETS), default="quick")

@@ -7,6 +7,7 @@ from strategies.gradients import update_as_gradient
 from strategies.honest_curious import HonestButCurious, UpdateSink
 from strategies.intercepted_aggregate import InterceptedAggregate
 from strategies.interception import InterceptedUpdate, intercept
+from strategies.legacy_tampering import LegacyTampering
 from strategies.screening import LeftOut, screen
 from strategies.tampering import Tampering
 
@@ -19,6 +20,7 @@ __all__ = [
     "InterceptedAggregate",
     "InterceptedUpdate",
     "LeftOut",
+    "LegacyTampering",
     "Tampering",
     "UpdateSink",
     "intercept",

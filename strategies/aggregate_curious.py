@@ -2,7 +2,10 @@
 
 Flower's ``SecAggPlusWorkflow`` unmasks the cohort's quantised sum and hands it to the legacy
 strategy's ``aggregate_fit`` as every client's ``FitRes.parameters`` (the same weighted average
-in each): that call is the one place the server holds anything of the clients' updates.
+in each): that call is the one place the server holds anything of the clients' updates. What
+it is set against is what each summed client was sent, weighted as in the sum: one model for
+all from an honest server, one per client from a dishonest one
+(:class:`strategies.LegacyTampering`, inside this wrapper).
 """
 
 from __future__ import annotations
@@ -51,8 +54,7 @@ class AggregateCurious(Strategy):
         self.strategy = strategy
         self.sink = sink
         self.layer = layer
-        self._sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._sampled: dict[int, set[int]] = {}
+        self._sent: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """Delegate."""
@@ -61,12 +63,15 @@ class AggregateCurious(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Remember the attacked layer as sent and who was sampled, then delegate."""
-        arrays = parameters_to_ndarrays(parameters)
-        w, b = self.layer
-        self._sent = {server_round: (arrays[w].copy(), arrays[b].copy())}
+        """Delegate, then remember the attacked layer each client was sent (a dishonest
+        strategy inside may send each its own) and who was sampled."""
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
-        self._sampled = {server_round: {proxy.node_id for proxy, _ in instructions}}
+        w, b = self.layer
+        sent = {}
+        for proxy, fitins in instructions:
+            arrays = parameters_to_ndarrays(fitins.parameters)
+            sent[proxy.node_id] = (arrays[w], arrays[b])
+        self._sent = {server_round: sent}
         return instructions
 
     def aggregate_fit(
@@ -89,15 +94,24 @@ class AggregateCurious(Strategy):
         # SecAgg+ set every result's parameters to the one unmasked average.
         arrays = parameters_to_ndarrays(results[0][1].parameters)
         w, b = self.layer
+        sent = self._sent[server_round]
         summed = {proxy.node_id for proxy, _ in results}
+        # What the average would be had no client trained: the sent layers, weighted as SecAgg+
+        # weighs each client's parameters (by its num_examples).
+        weights = [(res.num_examples, sent[proxy.node_id]) for proxy, res in results]
+        total = sum(n for n, _ in weights)
+        sent_weight, sent_bias = (
+            np.sum([n * layer[i].astype(np.float64) for n, layer in weights], axis=0) / total
+            for i in (0, 1)
+        )
         return InterceptedAggregate(
             server_round=server_round,
             node_ids=tuple(proxy.node_id for proxy, _ in results),
             declared=tuple(dict(res.metrics) for _, res in results),
             num_examples=tuple(res.num_examples for _, res in results),
-            dropped=tuple(sorted(self._sampled.get(server_round, set()) - summed)),
-            sent_weight=self._sent[server_round][0],
-            sent_bias=self._sent[server_round][1],
+            dropped=tuple(sorted(set(sent) - summed)),
+            sent_weight=sent_weight,
+            sent_bias=sent_bias,
             weight=arrays[w],
             bias=arrays[b],
         )

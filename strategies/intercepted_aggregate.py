@@ -29,7 +29,9 @@ class InterceptedAggregate:
         Nodes sampled this round whose masked vector never came: SecAgg+ removed their masks
         from the sum with their neighbours' shares, and their update is not in it.
     sent_weight, sent_bias
-        The layer as the server sent it this round.
+        The layer as the server sent it this round: the summed clients' layers weighted as in
+        the sum (by ``num_examples``; one and the same layer unless the server sent each client
+        its own), which is what the sum would be had no client trained.
     weight, bias
         The layer of the aggregate.
     """

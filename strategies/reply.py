@@ -39,8 +39,10 @@ DROPPED = "dropped"
 LEFT_OUT = (DIVERGED, CLIENT_ERROR, REJECTED, DROPPED)
 
 # What a client's check of the model it received found (:mod:`clients.tamper_check`), declared
-# in :data:`CLIENT`: whether the model looks tampered with, why, and the share of its first
-# layer's (sample, neuron) pairs its own batch activated.
+# in :data:`CLIENT`: whether the model looks tampered with, which checks fired (their names
+# joined by ", ": a string, since SecAgg+'s legacy fit metrics carry scalars only), why, and
+# the share of its first layer's (sample, neuron) pairs its own batch activated.
 TAMPER_FLAGGED = "tamper-flagged"
+TAMPER_CHECKS = "tamper-checks"
 TAMPER_REASON = "tamper-reason"
 ACTIVE_SHARE = "active-share"

@@ -99,7 +99,7 @@ def test_trap_weights_keep_magnitudes_with_half_of_each_row_negative() -> None:
 def test_bad_settings_name_the_key_and_what_is_allowed() -> None:
     with pytest.raises(ValueError, match=r"share=1\.5: must be < 1"):
         behaviour_settings("sparsify", share=1.5)
-    with pytest.raises(ValueError, match="allowed are honest, sparsify, trap"):
+    with pytest.raises(ValueError, match="allowed are honest, isolate, sparsify, trap"):
         behaviour_settings("isolated")
     raw = {"clients": {"count": 1}, "server": {"behaviour": "trap", "trap": {"batch_size": 1}}}
     with pytest.raises(ConfigError, match=r"server\.trap\.batch_size = 1: must be >= 2"):

@@ -60,6 +60,7 @@ from strategies.reply import (
     SAMPLE_IDS,
     SERVER_ROUND,
     STATUS,
+    TAMPER_CHECKS,
     TAMPER_FLAGGED,
     TAMPER_REASON,
     TRAIN_LOSS,
@@ -163,6 +164,7 @@ def local_round(
         **defence.declare(training, spec.batch_size),
         BATCH_SIZE: spec.batch_size,
         TAMPER_FLAGGED: check.flagged,
+        TAMPER_CHECKS: ", ".join(check.checks),
         TAMPER_REASON: check.reason,
         ACTIVE_SHARE: check.active_share,
     }

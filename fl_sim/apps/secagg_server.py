@@ -4,6 +4,9 @@ unmasked, quantised sum of the cohort's replies.
 
 The honest-but-curious server (:class:`strategies.AggregateCurious`, around that FedAvg) hands
 each round's sum to the auditor, which attacks it as one batch of every summed client's samples.
+What each client is sent is the scenario's server behaviour's (:class:`strategies.LegacyTampering`,
+between the two): the global model, or a tampered one, one per client where the behaviour
+sends several (``isolate``); the global model is aggregated honestly either way.
 A client whose round fails drops out of SecAgg+ (its ClientApp errs, see
 :mod:`fl_sim.apps.legacy_fit`): while enough of its neighbours remain (``reconstruction_threshold``)
 the round completes without it, and it is recorded as ``dropped``.
@@ -26,7 +29,7 @@ from fl_sim.apps.recorder import RunRecorder
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import Scenario
-from strategies import AggregateCurious, InterceptedAggregate, LeftOut
+from strategies import AggregateCurious, InterceptedAggregate, LeftOut, LegacyTampering
 from strategies.reply import DROPPED, PARTITION_ID, SERVER_ROUND
 
 log = logging.getLogger(__name__)
@@ -131,7 +134,11 @@ def federate_secagg(
         if auditor is not None:
             auditor.queue_aggregate(aggregate, spec)
 
-    strategy = AggregateCurious(fedavg, sink, (keys.index(layer[0]), keys.index(layer[1])))
+    positions = (keys.index(layer[0]), keys.index(layer[1]))
+    tampering = LegacyTampering(
+        fedavg, scenario.server.behaviour, positions, recorder.public_inputs(), scenario.seed
+    )
+    strategy = AggregateCurious(tampering, sink, positions)
     legacy = LegacyContext(
         context, config=ServerConfig(num_rounds=scenario.rounds), strategy=strategy
     )

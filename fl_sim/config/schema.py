@@ -299,7 +299,8 @@ class Scenario(Settings):
 
     @model_validator(mode="after")
     def _within_the_run(self) -> Scenario:
-        """Batches within the local sets; attack targets within the rounds and clients."""
+        """Batches within the local sets; attack targets within the rounds and clients; SecAgg+'s
+        cohort and threshold; the server behaviour's own conditions."""
         for spec in self.clients:
             if spec.batch_size > self.data.samples_per_client:
                 raise ValueError(
@@ -332,4 +333,9 @@ class Scenario(Settings):
                     f"federation.secagg.reconstruction_threshold = {threshold}: at most "
                     f"clients.count = {count} (a secret needs that many of its neighbours' shares)"
                 )
+        server = self.server.behaviour
+        behaviour = BEHAVIOURS[server.behaviour]
+        refusal = behaviour.refuses(server, len(self.clients), secagg is not None)
+        if refusal is not None:
+            raise ValueError(refusal)
         return self

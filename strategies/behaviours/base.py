@@ -11,21 +11,21 @@ Registering is :func:`register` on the class, in its own module of
 :mod:`strategies.behaviours`, which imports every module it holds: adding a behaviour is adding
 a module.
 
-A behaviour here sends one model to every client. Model inconsistency under secure
-aggregation (``isolate``: the target client gets the tampered model, every other client one
-whose first layer never fires, so their first-layer updates are zero and the sum SecAgg+ hands
-the server is the target's alone) sends one model per node instead. It plugs in where the
-messages are made: :meth:`strategies.Tampering.configure_train` for the Message API strategies,
-rewriting each message's arrays by its ``dst_node_id``; under Flower's SecAgg+ (the legacy
-``SecAggPlusWorkflow`` inside ``DefaultWorkflow``), the legacy strategy's ``configure_fit``,
-whose ``FitIns`` are per client proxy. Its class is a :class:`ServerBehaviour` with a second
-method giving the layer for a non-target node; the registry and the scenario's
-``[server] behaviour`` take it as they take these.
+A behaviour sends one model to every client unless it overrides :meth:`ServerBehaviour.layers`,
+which gives the layer for each client: model inconsistency under secure aggregation
+(``isolate``: the target client gets the honest model, every other client one whose first layer
+never fires, so their first-layer updates are zero and the sum SecAgg+ hands the server is the
+target's alone). Per-client models are sent where the messages are made: under Flower's SecAgg+
+(the legacy ``SecAggPlusWorkflow`` inside ``DefaultWorkflow``), by the legacy strategy's
+``configure_fit``, whose ``FitIns`` are per client proxy (:class:`strategies.LegacyTampering`).
+A behaviour that only makes sense in some scenarios says why in :meth:`ServerBehaviour.refuses`,
+which the scenario's validation asks.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -87,6 +87,27 @@ class ServerBehaviour(ABC):
         rng
             The round's randomness.
         """
+
+    def layers(
+        self,
+        clients: Sequence[int | None],
+        weight: np.ndarray,
+        bias: np.ndarray,
+        public: np.ndarray,
+        settings: Any,
+        rng: np.random.Generator,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The first layer to send to each of ``clients`` (their partition ids, ``None`` for a
+        node the server cannot yet tell), in their order; the other parameters as
+        :meth:`first_layer` takes them. By default every client gets :meth:`first_layer`'s."""
+        layer = self.first_layer(weight, bias, public, settings, rng)
+        return [layer] * len(clients)
+
+    def refuses(self, settings: Any, clients: int, secure_aggregation: bool) -> str | None:
+        """Why the behaviour cannot run with ``settings`` in a scenario of ``clients``
+        clients, with or without secure aggregation (naming the key at fault); ``None`` when
+        it can, as by default."""
+        return None
 
 
 BEHAVIOURS: dict[str, ServerBehaviour] = {}
