@@ -15,8 +15,6 @@ from collections.abc import Callable
 
 import numpy as np
 from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
@@ -28,13 +26,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from strategies.intercepted_aggregate import InterceptedAggregate
+from strategies.legacy_wrapper import LegacyWrapper
 
 log = logging.getLogger(__name__)
 
 AggregateSink = Callable[[InterceptedAggregate], None]
 
 
-class AggregateCurious(Strategy):
+class AggregateCurious(LegacyWrapper):
     """Wrap a legacy ``flwr.server.strategy`` strategy: same instructions out, same aggregate
     in, the unmasked sum seen first.
 
@@ -50,15 +49,10 @@ class AggregateCurious(Strategy):
     """
 
     def __init__(self, strategy: Strategy, sink: AggregateSink, layer: tuple[int, int]) -> None:
-        super().__init__()
-        self.strategy = strategy
+        super().__init__(strategy)
         self.sink = sink
         self.layer = layer
         self._sent: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """Delegate."""
-        return self.strategy.initialize_parameters(client_manager)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -115,24 +109,3 @@ class AggregateCurious(Strategy):
             weight=arrays[w],
             bias=arrays[b],
         )
-
-    def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Delegate."""
-        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        """Delegate."""
-        return self.strategy.aggregate_evaluate(server_round, results, failures)
-
-    def evaluate(
-        self, server_round: int, parameters: Parameters
-    ) -> tuple[float, dict[str, Scalar]] | None:
-        """Delegate (the central test of the global model)."""
-        return self.strategy.evaluate(server_round, parameters)

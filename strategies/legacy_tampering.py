@@ -8,8 +8,6 @@ import logging
 
 import numpy as np
 from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
@@ -22,12 +20,13 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from strategies.behaviours import BEHAVIOURS, BehaviourSettings
+from strategies.legacy_wrapper import LegacyWrapper
 from strategies.reply import PARTITION_ID
 
 log = logging.getLogger(__name__)
 
 
-class LegacyTampering(Strategy):
+class LegacyTampering(LegacyWrapper):
     """Wrap a legacy ``flwr.server.strategy`` strategy (FedAvg, driven by Flower's
     ``SecAggPlusWorkflow``): each client proxy's ``FitIns`` carry the first layer the behaviour
     sends that client, each aggregate is moved back onto the honest model.
@@ -63,8 +62,7 @@ class LegacyTampering(Strategy):
         public: np.ndarray,
         seed: int,
     ) -> None:
-        super().__init__()
-        self.strategy = strategy
+        super().__init__(strategy)
         self.settings = settings
         self.behaviour = BEHAVIOURS[settings.behaviour]
         self.layer = layer
@@ -73,10 +71,6 @@ class LegacyTampering(Strategy):
         self.client_of: dict[int, int] = {}
         self._honest: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._sent: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        """Delegate."""
-        return self.strategy.initialize_parameters(client_manager)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -126,24 +120,3 @@ class LegacyTampering(Strategy):
             shift = self._honest[server_round][i].astype(np.float64) - mean / total
             arrays[position] = (arrays[position] + shift).astype(arrays[position].dtype)
         return ndarrays_to_parameters(arrays), metrics
-
-    def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Delegate."""
-        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        """Delegate."""
-        return self.strategy.aggregate_evaluate(server_round, results, failures)
-
-    def evaluate(
-        self, server_round: int, parameters: Parameters
-    ) -> tuple[float, dict[str, Scalar]] | None:
-        """Delegate (the central test of the global model)."""
-        return self.strategy.evaluate(server_round, parameters)
