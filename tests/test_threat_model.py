@@ -199,6 +199,37 @@ def test_secagg_sum_is_one_batch_with_its_quantisation_noise() -> None:
     assert blind.view.noise_std is None and blind.view.batch_size is None
 
 
+def test_secagg_sum_of_dp_clients_is_told_their_noise_in_gradient_units() -> None:
+    # A DP client declares its noise per entry of the gradient (sigma C / B per step); the
+    # quantisation's is per weight, so only it is divided by lr.
+    rng = np.random.default_rng(3)
+    sent_w, sent_b = rng.standard_normal((6, 5)), rng.standard_normal(6)
+    declared = tuple(
+        {"partition-id": i, "lr": 0.5, "batch-size": 4, "noise-std": 1e-3, "steps": 2}
+        for i in range(2)
+    )
+    aggregate = InterceptedAggregate(
+        server_round=1,
+        node_ids=(10, 11),
+        declared=declared,
+        num_examples=(4, 4),
+        dropped=(),
+        sent_weight=sent_w,
+        sent_bias=sent_b,
+        weight=sent_w - 0.01,
+        bias=sent_b - 0.01,
+    )
+    secagg = SecAggSpec()
+    sight = _model(batch_size=True).of_aggregate(aggregate, secagg)
+    quantisation = secagg_noise_std(
+        (4, 4), secagg.clipping_range, secagg.quantization_range, secagg.max_weight
+    )
+    # Two clients of equal weight: the mean of two independent noises, each 1e-3 sqrt(2).
+    dp = 1e-3 * math.sqrt(2) / math.sqrt(2)
+    assert sight.view.noise_std == pytest.approx(math.hypot(quantisation / 0.5, dp), rel=1e-12)
+    assert sight.knowledge["noise"] == "SecAgg+ quantisation + declared DP"
+
+
 def test_a_sight_is_immutable() -> None:
     sight = _model().of_update(_update(DP_ONE_STEP))
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -191,14 +191,15 @@ class ThreatModel:
             quantisation = secagg_noise_std(
                 weights, secagg.clipping_range, secagg.quantization_range, secagg.max_weight
             )
-            # Each DP client's own noise, weighted into the average as its update is.
+            # Each DP client's own noise, weighted into the average as its update is; it is
+            # declared in gradient units already, the quantisation's is in the weights'.
             dp = math.sqrt(
                 sum(
                     (n * float(d.get(NOISE_STD, 0.0))) ** 2 * int(d.get(STEPS, 1))
                     for n, d in zip(weights, aggregate.declared, strict=True)
                 )
             ) / sum(weights)
-            noise_std = math.hypot(quantisation, dp) / lr
+            noise_std = math.hypot(quantisation / lr, dp)
             knowledge["noise"] = "SecAgg+ quantisation" + (" + declared DP" if dp else "")
         else:
             knowledge["noise"] = NOISE_NOT_TOLD
