@@ -1,12 +1,16 @@
-"""Shared builders: real CIFAR-10 images from ../shared when present, client gradients."""
+"""Shared builders: real CIFAR-10 images from ../shared when present, client gradients, a stand-in
+Grid."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Message
+from flwr.serverapp import Grid
 
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.signs import SignGeometry
@@ -80,3 +84,18 @@ def sign_geometry(
     geom = SignGeometry.build(fac.left, fac.right, view["weight"])
     truth: torch.Tensor = torch.linalg.lstsq(geom.left, out_grads.T).solution.T
     return geom, truth, out_grads
+
+
+class UnusedGrid(Grid):
+    """A stand-in Flower ``Grid`` for tests that drive a strategy in-process: the parts of the
+    interface a strategy never calls raise."""
+
+    def set_run(self, run: Any) -> None:
+        raise NotImplementedError
+
+    @property
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        raise NotImplementedError

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from flwr.app import Message
-from flwr.serverapp import Grid
 
 from fl_sim import cli
 from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterruptedError
 from fl_sim.config import Scenario
+from tests.helpers import UnusedGrid
 
 CONFIG = (
     'rounds = 5\n[data]\nsource = "photos"\nsamples_per_client = 20\ntest_size = 40\n'
@@ -68,23 +68,13 @@ def test_a_stopped_run_prints_its_summary_and_writes_its_report(
     assert "Rounds: 1 of 5 (the run stopped early)" in report and "diverged" in report
 
 
-class _SilentGrid(Grid):
+class _SilentGrid(UnusedGrid):
     """A grid whose nodes never answer (as after Ctrl-C stopped the clients), but for the
     messages it was told to answer."""
 
     def __init__(self, answered: set[str]) -> None:
         self.answered = answered
         self.pushed: list[str] = []
-
-    def set_run(self, run: Any) -> None:
-        raise NotImplementedError
-
-    @property
-    def run(self) -> Any:
-        raise NotImplementedError
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        raise NotImplementedError
 
     def get_node_ids(self) -> list[int]:
         return [1, 2]

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
@@ -24,6 +22,7 @@ from fl_sim.audit.reaudit import reaudit
 from fl_sim.cli import main
 from fl_sim.config import load_scenario, parse_scenario
 from fl_sim.config.schema import AuditSpec
+from tests.helpers import UnusedGrid
 
 # Every name rundir gives a file or folder of a run directory.
 NAMES = {v for k, v in vars(rundir).items() if k.isupper() and isinstance(v, str)}
@@ -48,7 +47,7 @@ def test_jsonl_round_trip_and_run_dir_rules(tmp_path: Path) -> None:
         rundir.new_run_dir(tmp_path, "run")
 
 
-class _LocalClients(Grid):
+class _LocalClients(UnusedGrid):
     """Two in-process clients, each of which takes one SGD step of a plain PyTorch model on a
     fresh batch of 8 random 8 x 8 images and replies as a Flower ClientApp would (as the
     example app's clients do, at its learning rate)."""
@@ -56,16 +55,6 @@ class _LocalClients(Grid):
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.generator = torch.Generator().manual_seed(0)
-
-    def set_run(self, run: Any) -> None:
-        raise NotImplementedError
-
-    @property
-    def run(self) -> Any:
-        raise NotImplementedError
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        raise NotImplementedError
 
     def get_node_ids(self) -> list[int]:
         return [101, 202]
