@@ -16,6 +16,7 @@ from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
+from attacks.spearpp.last_column import last_column
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
@@ -105,6 +106,11 @@ class _Harvester:
         self.pre: torch.Tensor | None = None
         # Refinement done from inside the search, which the search stage's clock also counts.
         self.midway_seconds = 0.0
+        # (R, dL/db, W, b) for the last column's closed form (attacks.spearpp.last_column);
+        # set by the engine when the update is noiseless.
+        self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.settled_last = 0
+        self._last_tried = False  # the pool only grows: B - 1 columns are tried once
 
     def __call__(self, points: torch.Tensor, final: bool = False) -> torch.Tensor:
         """Refine the converged ``points`` into the pool; the mask of points to keep searching."""
@@ -134,7 +140,19 @@ class _Harvester:
                 # not halfspaces.
                 active = ~zero_mask(self.left, cands.directions, self.rule)
                 cands = cands.demote(halfspace_agreement(self.pre, active) >= _NOISY_MIN_AGREEMENT)
-            return self.pool.add(cands)
+            grew = self.pool.add(cands)
+            if (
+                self.inputs is not None
+                and len(self.pool) == self.left.shape[1] - 1
+                and not self._last_tried
+            ):
+                self._last_tried = True
+                column = last_column(self.pool.columns, self.left, *self.inputs, self.rule)
+                if column is not None:
+                    self.pool.admit(column, zero_mask(self.left, column[None], self.rule).sum())
+                    self.settled_last += 1
+                    grew += 1
+            return grew
 
 
 def _few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
@@ -343,6 +361,8 @@ def run_spearpp(
     pool = ColumnPool(b, device, spares=2 * b, same_cosine=rule.same_column_cosine)
     search_left = left.to(getattr(torch, config.search_dtype))
     harvest = _Harvester(left, search_left, rule, config, pool, clock, generator)
+    if not rule.noise_std:
+        harvest.inputs = (fac.right, obs.grad_bias, obs.weight, obs.bias)
 
     spent = _budget_clock(config.budget_clock)
 
@@ -449,6 +469,7 @@ def run_spearpp(
             "candidates": harvest.proposed,
             "unique": found,
             "selected": min(found, b),
+            "settled_last": harvest.settled_last,
         },
         settings=settings,
         reason=""

@@ -52,6 +52,11 @@ class ColumnPool:
             self._spares = _subset(merged, order)
         return len(self) - before
 
+    def admit(self, column: torch.Tensor, zeros: torch.Tensor) -> None:
+        """Add ``column`` (B), settled by other means than the certificate, with its zeros."""
+        self.columns = torch.cat([self.columns, column[None]])
+        self.zeros = torch.cat([self.zeros, zeros.reshape(1)])
+
     def near_found(self, points: torch.Tensor, cosine: float) -> torch.Tensor:
         """Mask of ``points`` (any scale) within ``cosine`` of a found column."""
         return self._near(points.to(torch.float64), self.columns, cosine)

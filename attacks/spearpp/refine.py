@@ -32,7 +32,10 @@ _MAX_MIX = 4
 _ZERO_JUMP = 3.0
 # Rows of L this small next to the largest belong to neurons no sample activates.
 _DEAD_ROW = 1e-9
-_SPLIT_DRAWS = 8
+# Row subsets tried per mix (all of them when there are fewer), and the sparsest new
+# directions they pin that go on to certification, per dimension of the mix.
+_SPLIT_SUBSETS = 4096
+_SPLIT_KEEP = 2
 # Mixes split per call: the rest are dropped (they recur if they matter).
 _SPLIT_MAX = 32
 
@@ -338,6 +341,17 @@ def refine_kernel(
     return Candidates.concat(parts, b, left.device)
 
 
+def _row_subsets(outside: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """Subsets of ``size`` distinct rows out of ``outside`` (rows x size): every one when there
+    are at most ``_SPLIT_SUBSETS``, else that many random draws."""
+    if size == 1:
+        return torch.arange(outside)[:, None]
+    if math.comb(outside, size) <= _SPLIT_SUBSETS:
+        return torch.combinations(torch.arange(outside), size)
+    # (A draw that repeats a row pins nothing and is outranked.)
+    return torch.randint(0, outside, (_SPLIT_SUBSETS, size), generator=generator)
+
+
 def _split_mixes(
     left: torch.Tensor,
     bases: list[torch.Tensor],
@@ -347,8 +361,11 @@ def _split_mixes(
 ) -> Candidates:
     """Columns hidden in the small null spaces of mixes.
 
-    Inside a k-dimensional null space N, each column q_i = N c_i is zero on rows outside the
-    shared zero set; k - 1 such rows pin c_i. Random row draws find them; certification follows.
+    Inside a k-dimensional null space N, each column q_i = N c_i is zero on the rows of its own
+    zero set outside the shared one, and k - 1 of them pin c_i. Such rows can be few (on trained
+    networks a sample may be active on only one or two rows where a sparser one is not), so
+    every (k - 1)-subset of the rows outside is tried where they are not too many, the
+    directions they pin ranked by their zeros, and the sparsest new ones certified.
     """
     proposals = []
     for basis in bases:
@@ -358,12 +375,25 @@ def _split_mixes(
         outside = torch.nonzero(norms > 1e-6 * norms.max()).flatten()
         if outside.numel() < k - 1:
             continue
-        draws = torch.randint(0, outside.numel(), (_SPLIT_DRAWS, k - 1), generator=generator)
-        _, _, c_vh = torch.linalg.svd(image[outside[draws.to(outside.device)]], full_matrices=True)
-        proposals.append(c_vh[:, -1, :] @ basis.T)
+        subsets = _row_subsets(outside.numel(), k - 1, generator).to(outside.device)
+        _, _, c_vh = torch.linalg.svd(image[outside[subsets]], full_matrices=True)
+        c = c_vh[:, -1, :]
+        q = c @ basis.T  # unit: the basis is orthonormal
+        # Zeros counted in the mix's own k coordinates: L q = (L N) c.
+        y = c @ image.T
+        zeros = (y.abs() <= rule.tolerance(q, y)[:, None]).sum(dim=1).to(left.dtype)
+        if known.shape[0]:
+            near = (q @ known.T).abs().amax(dim=1) >= rule.same_column_cosine
+            zeros = zeros.masked_fill(near, -1)
+        for _ in range(min(_SPLIT_KEEP * k, q.shape[0])):
+            best = int(zeros.argmax())
+            if zeros[best] < 0:
+                break
+            proposals.append(canonical_sign(q[best : best + 1])[0])
+            zeros = zeros.masked_fill((q @ q[best]).abs() >= rule.same_column_cosine, -1)
     if not proposals:
         return Candidates.empty(left.shape[1], left.device)
-    return refine_kernel(left, torch.cat(proposals), rule, False, generator, known)
+    return refine_kernel(left, torch.stack(proposals), rule, False, generator, known)
 
 
 def refine_sampling(
