@@ -86,6 +86,52 @@ def sign_geometry(
     return geom, truth, out_grads
 
 
+def nested_batch(
+    seed: int,
+    b: int = 12,
+    m: int = 150,
+    n: int = 60,
+    rows_apart: int = 1,
+    covers: int = 1,
+    spread: float = 0.0,
+) -> dict[str, torch.Tensor]:
+    """A float64 first-layer observation whose sample 0 is inactive where each of samples
+    1 to ``covers`` is, but on ``rows_apart`` rows each: the structure of trained networks,
+    where sparse samples are zero on nearly every row. Neurons where sample 0 would be inactive
+    and a covering sample active are turned around (weight and bias negated); the bias is small
+    next to W x, as in trained networks; the output gradients are random on the active neurons.
+
+    Returns the view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``) with the inputs
+    ``x`` (B x n) and output gradients ``out_grads`` (m x B).
+    """
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(b, n, generator=g, dtype=torch.float64) - 0.5
+    weight = torch.randn(m, n, generator=g, dtype=torch.float64) / n**0.5
+    bias = 0.01 * torch.randn(m, generator=g, dtype=torch.float64)
+    if spread:
+        shared = torch.nn.functional.normalize(
+            torch.randn(n, generator=g, dtype=torch.float64), dim=0
+        )
+        weight += shared
+        where = torch.linspace(-spread, spread, b, dtype=torch.float64)
+        x += where[torch.randperm(b, generator=g), None] * shared
+    pre = x @ weight.T + bias  # B x m
+    flip = (pre[0] <= 0) & (pre[1 : covers + 1] > 0).any(dim=0)
+    for s in range(1, covers + 1):
+        flip[torch.nonzero((pre[0] <= 0) & (pre[s] > 0)).flatten()[:rows_apart]] = False
+    weight[flip], bias[flip] = -weight[flip], -bias[flip]
+    active = (x @ weight.T + bias > 0).T  # m x B
+    out_grads = torch.randn(m, b, generator=g, dtype=torch.float64) * active
+    return {
+        "grad_weight": out_grads @ x,
+        "grad_bias": out_grads.sum(dim=1),
+        "weight": weight,
+        "bias": bias,
+        "x": x,
+        "out_grads": out_grads,
+    }
+
+
 class UnusedGrid(Grid):
     """A stand-in Flower ``Grid`` for tests that drive a strategy in-process: the parts of the
     interface a strategy never calls raise."""

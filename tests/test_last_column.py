@@ -1,0 +1,111 @@
+"""The last missing column in closed form from the other B - 1 and the bias gradient: exact where
+the zeros alone cannot pin it, and never a wrong column."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks import SpearConfig, reconstruct
+from attacks.spearpp.factor import Factorisation, factorise
+from attacks.spearpp.last_column import last_column
+from attacks.spearpp.refine import ZeroRule, refine_kernel
+from tests.helpers import nested_batch
+
+
+def _setting(
+    view: dict[str, torch.Tensor],
+) -> tuple[Factorisation, torch.Tensor, ZeroRule]:
+    """The factorisation, the true columns (unit rows, engine coordinates) and a float64 rule."""
+    b = view["x"].shape[0]
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=b,
+        noise_std=None,
+        precision=1e-13,
+        generator=torch.Generator().manual_seed(0),
+    )
+    truth = torch.linalg.lstsq(fac.left, view["out_grads"]).solution.T
+    rule = ZeroRule(relative=1e-13, noise_std=0.0, inverse_singular=1 / fac.singular_values[:b])
+    return fac, torch.nn.functional.normalize(truth, dim=1), rule
+
+
+def _last(
+    view: dict[str, torch.Tensor], fac: Factorisation, found: torch.Tensor, rule: ZeroRule
+) -> torch.Tensor | None:
+    return last_column(
+        found, fac.left, fac.right, view["grad_bias"], view["weight"], view["bias"], rule
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("missing", [0, 1, 5])
+def test_the_last_column_is_exact(seed: int, missing: int) -> None:
+    view = nested_batch(seed, rows_apart=3)
+    fac, truth, rule = _setting(view)
+    found = torch.cat([truth[:missing], truth[missing + 1 :]])
+    column = _last(view, fac, found, rule)
+    assert column is not None
+    assert float((column @ truth[missing]).abs()) > 1 - 1e-10
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_column_one_row_apart_is_refused_by_its_zeros_but_settled_by_its_input(
+    seed: int,
+) -> None:
+    # Sample 0 is zero wherever sample 1 is, but on one row: without that row its zero set's
+    # null space holds both columns, so the certificate cannot tell it from a mix.
+    view = nested_batch(seed, rows_apart=1)
+    fac, truth, rule = _setting(view)
+    gen = torch.Generator().manual_seed(seed)
+    refined = refine_kernel(fac.left, truth[:1], rule, False, gen, truth[1:])
+    assert not bool(refined.verified.any())
+    column = _last(view, fac, truth[1:], rule)
+    assert column is not None
+    assert float((column @ truth[0]).abs()) > 1 - 1e-10
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_column_whose_zeros_do_not_pin_it_is_left_unsettled(seed: int) -> None:
+    # Sample 0 is zero only where sample 1 is: every mix of the two has its zeros, and the
+    # bias gradient cannot tell them apart either.
+    view = nested_batch(seed, rows_apart=0)
+    fac, truth, rule = _setting(view)
+    assert _last(view, fac, truth[1:], rule) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("tilt", [1e-3, 1e-6])
+def test_a_wrong_found_column_never_yields_a_column(seed: int, tilt: float) -> None:
+    # Tilted towards the missing column, so the span of the found ones is wrong (within their
+    # span a wrong column changes nothing here).
+    view = nested_batch(seed, rows_apart=3)
+    fac, truth, rule = _setting(view)
+    found = truth[1:].clone()
+    found[2] = torch.nn.functional.normalize(found[2] + tilt * truth[0], dim=0)
+    column = _last(view, fac, found, rule)
+    # A tilt too small to move any neuron of the missing input across still yields its column.
+    assert column is None or float((column @ truth[0]).abs()) > 1 - 1e-10
+
+
+def test_fewer_or_more_found_columns_settle_nothing() -> None:
+    view = nested_batch(0, rows_apart=3)
+    fac, truth, rule = _setting(view)
+    assert _last(view, fac, truth[2:], rule) is None
+    assert _last(view, fac, truth, rule) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_engine_reconstructs_a_batch_with_a_column_one_row_apart(seed: int) -> None:
+    view = nested_batch(seed, rows_apart=1)
+    rec = reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        batch_size=12,
+        config=SpearConfig(seed=seed),
+    )
+    assert rec.status == "exact"
+    err = torch.cdist(view["x"], rec.inputs.double()).min(dim=1).values
+    assert float(err.max()) < 1e-8
