@@ -8,7 +8,7 @@ import torch
 
 from attacks import SpearConfig, reconstruct
 from attacks.spearpp.factor import Factorisation, factorise
-from attacks.spearpp.last_column import last_column
+from attacks.spearpp.last_column import LastColumn, last_column
 from attacks.spearpp.refine import ZeroRule, refine_kernel
 from tests.helpers import nested_batch
 
@@ -32,7 +32,7 @@ def _setting(
 
 def _last(
     view: dict[str, torch.Tensor], fac: Factorisation, found: torch.Tensor, rule: ZeroRule
-) -> torch.Tensor | None:
+) -> LastColumn | None:
     return last_column(
         found, fac.left, fac.right, view["grad_bias"], view["weight"], view["bias"], rule
     )
@@ -44,9 +44,9 @@ def test_the_last_column_is_exact(seed: int, missing: int) -> None:
     view = nested_batch(seed, rows_apart=3)
     fac, truth, rule = _setting(view)
     found = torch.cat([truth[:missing], truth[missing + 1 :]])
-    column = _last(view, fac, found, rule)
-    assert column is not None
-    assert float((column @ truth[missing]).abs()) > 1 - 1e-10
+    last = _last(view, fac, found, rule)
+    assert last is not None and last.pinned
+    assert float((last.column @ truth[missing]).abs()) > 1 - 1e-10
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -60,18 +60,25 @@ def test_a_column_one_row_apart_is_refused_by_its_zeros_but_settled_by_its_input
     gen = torch.Generator().manual_seed(seed)
     refined = refine_kernel(fac.left, truth[:1], rule, False, gen, truth[1:])
     assert not bool(refined.verified.any())
-    column = _last(view, fac, truth[1:], rule)
-    assert column is not None
-    assert float((column @ truth[0]).abs()) > 1 - 1e-10
+    last = _last(view, fac, truth[1:], rule)
+    assert last is not None and last.pinned
+    assert float((last.column @ truth[0]).abs()) > 1 - 1e-10
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_a_column_whose_zeros_do_not_pin_it_is_left_unsettled(seed: int) -> None:
+def test_a_column_whose_zeros_do_not_pin_it_is_left_unpinned_with_who_is_uncertain(
+    seed: int,
+) -> None:
     # Sample 0 is zero only where sample 1 is: every mix of the two has its zeros, and the
-    # bias gradient cannot tell them apart either.
+    # bias gradient cannot tell them apart either; the stand-in lies in their span.
     view = nested_batch(seed, rows_apart=0)
     fac, truth, rule = _setting(view)
-    assert _last(view, fac, truth[1:], rule) is None
+    last = _last(view, fac, truth[1:], rule)
+    assert last is not None and not last.pinned
+    assert last.uncertain.shape[0] == 1
+    assert float((last.uncertain[0] @ truth[1]).abs()) > 1 - 1e-10
+    span = torch.linalg.qr(truth[:2].T).Q
+    assert float((span.T @ last.column).norm()) > 1 - 1e-10
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -83,9 +90,9 @@ def test_a_wrong_found_column_never_yields_a_column(seed: int, tilt: float) -> N
     fac, truth, rule = _setting(view)
     found = truth[1:].clone()
     found[2] = torch.nn.functional.normalize(found[2] + tilt * truth[0], dim=0)
-    column = _last(view, fac, found, rule)
+    last = _last(view, fac, found, rule)
     # A tilt too small to move any neuron of the missing input across still yields its column.
-    assert column is None or float((column @ truth[0]).abs()) > 1 - 1e-10
+    assert last is None or float((last.column @ truth[0]).abs()) > 1 - 1e-10
 
 
 def test_fewer_or_more_found_columns_settle_nothing() -> None:
@@ -109,3 +116,22 @@ def test_the_engine_reconstructs_a_batch_with_a_column_one_row_apart(seed: int) 
     assert rec.status == "exact"
     err = torch.cdist(view["x"], rec.inputs.double()).min(dim=1).values
     assert float(err.max()) < 1e-8
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_engine_certifies_every_sample_but_the_one_no_observation_fixes(seed: int) -> None:
+    view = nested_batch(seed, rows_apart=0)
+    rec = reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        batch_size=12,
+        config=SpearConfig(seed=seed),
+    )
+    assert rec.status == "partial"
+    assert int(rec.certified.sum()) == 11
+    err = torch.cdist(rec.inputs.double(), view["x"]).min(dim=1).values
+    assert float(err[rec.certified].max()) < 1e-8
+    # The uncertain one is sample 1's input mixed with sample 0's, not sample 1 itself.
+    assert float(err[~rec.certified].max()) > 1e-8

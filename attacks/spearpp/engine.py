@@ -16,7 +16,7 @@ from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
-from attacks.spearpp.last_column import last_column
+from attacks.spearpp.last_column import LastColumn, last_column
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
@@ -41,6 +41,8 @@ _FINAL_RATIO = 0.1
 # share of rows: measured on DP sigma=1e-4, B=20, m=200, true columns scored 0.93 to 0.99 and the
 # mixes that passed the noise-level certificate at most 0.90.
 _NOISY_MIN_AGREEMENT = 0.92
+# |cosine| at which a selected column is one of the last column's uncertain ones.
+_SAME_DIRECTION = 1 - 1e-9
 # Lowest sparsity matching coefficient of a sample in a batch called exact.
 _EXACT_MATCHING = 0.95
 # Convex trials per deflation round beyond two per missing column.
@@ -111,6 +113,8 @@ class _Harvester:
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.settled_last = 0
         self._last_tried = False  # the pool only grows: B - 1 columns are tried once
+        # The last column's stand-in when its zeros do not pin it (see LastColumn).
+        self.unpinned: LastColumn | None = None
 
     def __call__(self, points: torch.Tensor, final: bool = False) -> torch.Tensor:
         """Refine the converged ``points`` into the pool; the mask of points to keep searching."""
@@ -147,11 +151,14 @@ class _Harvester:
                 and not self._last_tried
             ):
                 self._last_tried = True
-                column = last_column(self.pool.columns, self.left, *self.inputs, self.rule)
-                if column is not None:
-                    self.pool.admit(column, zero_mask(self.left, column[None], self.rule).sum())
+                last = last_column(self.pool.columns, self.left, *self.inputs, self.rule)
+                if last is not None and last.pinned:
+                    zeros = zero_mask(self.left, last.column[None], self.rule).sum()
+                    self.pool.admit(last.column, zeros)
                     self.settled_last += 1
                     grew += 1
+                elif last is not None:
+                    self.unpinned = last
             return grew
 
 
@@ -431,6 +438,8 @@ def run_spearpp(
             columns, solution = greedy_select(
                 pool.columns[order], b, left, fac.right, obs, rule, config.selection_sweeps
             )
+        elif found == b - 1 and harvest.unpinned is not None:
+            columns = torch.cat([pool.columns[order], harvest.unpinned.column[None]])
         else:
             columns = complete_basis(pool.columns[order], pool.spares(), b)
     with clock.stage("solve"):
@@ -448,9 +457,14 @@ def run_spearpp(
     exact = found >= b and matched
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
     if not exact:
+        if found == b - 1 and harvest.unpinned is not None:
+            # Every sample is fixed but those whose columns share the last one's zeros.
+            uncertain = harvest.unpinned.uncertain
+            certified = (columns @ uncertain.T).abs().amax(dim=1) < _SAME_DIRECTION
         with clock.stage("solve"):
             isolated = isolated_samples(obs.grad_weight, obs.grad_bias, obs.precision, generator)
-            inputs, certified = with_isolated(inputs, isolated)
+            inputs, alone = with_isolated(inputs, isolated)
+            certified = certified | alone
     status: Status = "exact" if exact else ("partial" if found or certified.any() else "failed")
     clock.seconds["total"] = time.perf_counter() - started
     return Reconstruction(
@@ -470,6 +484,7 @@ def run_spearpp(
             "unique": found,
             "selected": min(found, b),
             "settled_last": harvest.settled_last,
+            "unpinned_last": int(harvest.unpinned is not None),
         },
         settings=settings,
         reason=""
@@ -477,6 +492,12 @@ def run_spearpp(
         else (
             f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples "
             f"certified, lowest sparsity matching {float(solution.matching.min()):.3f}"
+            + (
+                f"; the last sample's input is exact, but {len(harvest.unpinned.uncertain)} "
+                "samples' are not fixed by this layer: the last column's zeros are theirs too"
+                if found == b - 1 and harvest.unpinned is not None
+                else ""
+            )
         ),
         **fac.report(),
     )
