@@ -101,8 +101,9 @@ def nested_batch(
     and a covering sample active are turned around (weight and bias negated); the bias is small
     next to W x, as in trained networks; the output gradients are random on the active neurons.
 
-    Returns the view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``) with the inputs
-    ``x`` (B x n) and output gradients ``out_grads`` (m x B).
+    Returns the view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and the next
+    layer's ``next_grad_weight``, ``next_grad_bias``) with the inputs ``x`` (B x n) and output
+    gradients ``out_grads`` (m x B).
     """
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(b, n, generator=g, dtype=torch.float64) - 0.5
@@ -122,11 +123,15 @@ def nested_batch(
     weight[flip], bias[flip] = -weight[flip], -bias[flip]
     active = (x @ weight.T + bias > 0).T  # m x B
     out_grads = torch.randn(m, b, generator=g, dtype=torch.float64) * active
+    # A next linear layer of 30 outputs: its gradient's row space is the hidden vectors'.
+    next_out = torch.randn(30, b, generator=g, dtype=torch.float64)
     return {
         "grad_weight": out_grads @ x,
         "grad_bias": out_grads.sum(dim=1),
         "weight": weight,
         "bias": bias,
+        "next_grad_weight": next_out @ torch.relu(x @ weight.T + bias),
+        "next_grad_bias": next_out.sum(dim=1),
         "x": x,
         "out_grads": out_grads,
     }

@@ -135,3 +135,39 @@ def test_the_engine_certifies_every_sample_but_the_one_no_observation_fixes(seed
     assert float(err[rec.certified].max()) < 1e-8
     # The uncertain one is sample 1's input mixed with sample 0's, not sample 1 itself.
     assert float(err[~rec.certified].max()) > 1e-8
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_next_layer_fixes_the_samples_the_first_leaves_open(seed: int) -> None:
+    # A one-step update's next layer: its gradient's row space holds the hidden vectors, and
+    # of the inputs the first layer allows for the uncertain sample only the true one's does.
+    view = nested_batch(seed, rows_apart=0)
+    rec = reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        batch_size=12,
+        next_layer=(view["next_grad_weight"], view["next_grad_bias"]),
+        config=SpearConfig(seed=seed),
+    )
+    assert rec.status == "exact" and bool(rec.certified.all())
+    assert rec.counts["next_layer_settled"] == 1
+    err = torch.cdist(rec.inputs.double(), view["x"]).min(dim=1).values
+    assert float(err.max()) < 1e-8
+
+
+def test_a_next_layer_of_another_batch_settles_nothing() -> None:
+    view = nested_batch(0, rows_apart=0)
+    other = nested_batch(1, rows_apart=0)
+    rec = reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        batch_size=12,
+        next_layer=(other["next_grad_weight"], other["next_grad_bias"]),
+        config=SpearConfig(seed=0),
+    )
+    assert rec.status == "partial" and int(rec.certified.sum()) == 11
+    assert rec.counts["next_layer_settled"] == 0

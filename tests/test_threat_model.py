@@ -67,9 +67,11 @@ def test_first_layer_is_the_update_over_the_learning_rate() -> None:
     expected = (update.sent_weight - update.weight) / 0.1
     assert np.allclose(sight.view.gradient[w], expected, rtol=1e-12, atol=0)
     assert np.array_equal(sight.view.weights[b], update.sent_bias)
-    assert set(sight.view.gradient) == set(LAYER) and sight.view.next_layer is None
+    # One step: the next layer's gradient is of the same batch, and handed over too.
+    assert set(sight.view.gradient) == {*LAYER, *NEXT} and sight.view.next_layer == NEXT
     assert sight.view.noise_std is None and sight.view.batch_size is None
-    assert dict(sight.knowledge) == {"lr": "declared", "batch_size": "estimated", "noise": "none"}
+    assert set(sight.knowledge) == {"lr", "batch_size", "noise", "next_layer"}
+    assert sight.knowledge["batch_size"] == "estimated" and sight.knowledge["noise"] == "none"
 
 
 def test_no_lr_declared_is_assumed_one() -> None:
@@ -134,7 +136,7 @@ def test_float32_rounding_floor_matches_the_measured_round_off() -> None:
     assert dp.knowledge["noise"] == "declared + rounding"
 
 
-def test_next_layer_only_for_one_noisy_step_kept_whole() -> None:
+def test_next_layer_only_for_one_step_kept_whole() -> None:
     one_step = _model().of_update(_update(DP_ONE_STEP))
     assert one_step.view.next_layer == NEXT and set(one_step.view.gradient) == {*LAYER, *NEXT}
     assert set(one_step.view.weights) == set(LAYER)  # the next layer's weights are not needed
@@ -142,7 +144,9 @@ def test_next_layer_only_for_one_noisy_step_kept_whole() -> None:
     several = _model().of_update(_update({**DP_ONE_STEP, "steps": 3}))
     assert several.view.next_layer is None and set(several.view.gradient) == set(LAYER)
     plain = _model().of_update(_update({"defence": "fedsgd", "lr": 0.1, "steps": 1}))
-    assert plain.view.next_layer is None
+    assert plain.view.next_layer == NEXT
+    fedavg = _model().of_update(_update({"defence": "fedavg", "lr": 0.1, "steps": 3}))
+    assert fedavg.view.next_layer is None
     not_whole = dataclasses.replace(_update(DP_ONE_STEP), arrays=None, sent_arrays=None)
     assert _model().of_update(not_whole).view.next_layer is None
 

@@ -16,7 +16,7 @@ from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
-from attacks.spearpp.last_column import LastColumn, last_column
+from attacks.spearpp.last_column import LastColumn, last_column, settle_uncertain
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
@@ -28,7 +28,7 @@ from attacks.spearpp.signs import (
     null_step_rows,
     sign_search,
 )
-from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs
+from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs, sparsity_matching
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,8 @@ def run_spearpp(
         )
     declared_noise, noise_std = noise_std, fac.noise_std  # declared, or fitted to the spectrum
     b, m = fac.batch_size, obs.width
-    next_layer = config.next_layer_scale and obs.next_layer is not None
+    # Without noise the bias gradient fixes the scales exactly already.
+    next_layer = config.next_layer_scale and obs.next_layer is not None and bool(noise_std)
     null_step = config.null_step
     if null_step == "auto":  # no host round trips in the GPU's search loop
         null_step = "inverse" if device.type == "cuda" else "eigh"
@@ -456,11 +457,17 @@ def run_spearpp(
     matched = not coarse or float(solution.matching.min()) >= _EXACT_MATCHING
     exact = found >= b and matched
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
+    confidence, settled = solution.matching, 0
+    if not exact and found == b - 1 and harvest.unpinned is not None:
+        # Every sample is fixed but those whose columns share the last one's zeros, which the
+        # next layer's gradient fixes where it is given.
+        doubtful = (columns @ harvest.unpinned.uncertain.T).abs().amax(dim=1) >= _SAME_DIRECTION
+        with clock.stage("solve"):
+            inputs, fixed = settle_uncertain(inputs, doubtful, b - 1, obs)
+            confidence = sparsity_matching(columns, inputs, left, obs, rule)
+        certified, settled = ~doubtful | fixed, int(fixed.sum())
+        exact = bool(certified.all())
     if not exact:
-        if found == b - 1 and harvest.unpinned is not None:
-            # Every sample is fixed but those whose columns share the last one's zeros.
-            uncertain = harvest.unpinned.uncertain
-            certified = (columns @ uncertain.T).abs().amax(dim=1) < _SAME_DIRECTION
         with clock.stage("solve"):
             isolated = isolated_samples(obs.grad_weight, obs.grad_bias, obs.precision, generator)
             inputs, alone = with_isolated(inputs, isolated)
@@ -472,7 +479,7 @@ def run_spearpp(
         batch_size=b,
         batch_size_method=fac.method,
         status=status,
-        confidence=solution.matching.cpu(),
+        confidence=confidence.cpu(),
         verified=verified,
         certified=certified.cpu(),
         timings=clock.seconds,
@@ -485,16 +492,22 @@ def run_spearpp(
             "selected": min(found, b),
             "settled_last": harvest.settled_last,
             "unpinned_last": int(harvest.unpinned is not None),
+            "next_layer_settled": settled,
         },
         settings=settings,
         reason=""
         if exact
         else (
             f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples "
-            f"certified, lowest sparsity matching {float(solution.matching.min()):.3f}"
+            f"certified, lowest sparsity matching {float(confidence.min()):.3f}"
             + (
-                f"; the last sample's input is exact, but {len(harvest.unpinned.uncertain)} "
-                "samples' are not fixed by this layer: the last column's zeros are theirs too"
+                f"; the last sample's input is exact, but {int((~certified).sum())} samples' "
+                "inputs are not: the last column's zeros are theirs too, "
+                + (
+                    "and the next layer's gradient did not fix them"
+                    if obs.next_layer is not None
+                    else "and the next layer's gradient was not given"
+                )
                 if found == b - 1 and harvest.unpinned is not None
                 else ""
             )

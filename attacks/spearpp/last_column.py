@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.refine import ZeroRule, canonical_sign, zero_mask
 
 # Singular values of the zero set's rows below this share of the largest are null.
@@ -118,3 +119,96 @@ def last_column(
     if not bool((zero_mask(left, q[None], rule)[0] == inactive).all()):
         return None
     return LastColumn(q, pinned=not uncertain.shape[0], uncertain=uncertain)
+
+
+# A hidden vector whose part outside the next layer's row space is this far below its norm
+# (relative to the gradient's round-off) lies in it.
+_IN_ROW_SPACE = 10.0
+# |mu| at or below this is the last sample's own input.
+_NOT_ANCHOR = 1e-6
+# Breakpoint segments solved at once.
+_SEGMENT_CHUNK = 64
+
+
+def _on_row_space(
+    anchor: torch.Tensor, toward: torch.Tensor, basis: torch.Tensor, tol: float
+) -> torch.Tensor | None:
+    """The mu at which relu(anchor + mu toward) lies in span(``basis``) (m x B, orthonormal),
+    other than where it is ``anchor``'s own; ``None`` unless exactly one mu does.
+
+    relu(anchor + mu toward) is linear in mu between the mu where an entry changes sign, so
+    on each such segment the condition is one least-squares equation in mu.
+    """
+    moving = toward != 0
+    cuts = (-anchor[moving] / toward[moving]).sort().values
+    edges = torch.cat([cuts[:1] - 1, cuts, cuts[-1:] + 1])
+    found: list[torch.Tensor] = []
+    for lo, hi in zip(
+        edges[:-1].split(_SEGMENT_CHUNK), edges[1:].split(_SEGMENT_CHUNK), strict=True
+    ):
+        mid = (lo + hi) / 2
+        active = (anchor + mid[:, None] * toward > 0).to(anchor.dtype)  # s x m
+        a, d = active * anchor, active * toward
+        a_out = a - (a @ basis) @ basis.T
+        d_out = d - (d @ basis) @ basis.T
+        mu = -(a_out * d_out).sum(dim=1) / (d_out * d_out).sum(dim=1).clamp_min(1e-300)
+        hidden = a + mu[:, None] * d
+        residual = (a_out + mu[:, None] * d_out).norm(dim=1)
+        # (Where no neuron is active the hidden vector is 0, in every row space.)
+        live = active.any(dim=1)
+        flat = live & (d_out.norm(dim=1) <= tol * d.norm(dim=1))
+        if bool((flat & (a_out.norm(dim=1) <= tol * a.norm(dim=1))).any()):
+            return None  # a whole segment lies in the row space: no single mu
+        ok = live & ~flat & (mu >= lo) & (mu <= hi) & (residual <= tol * hidden.norm(dim=1))
+        # mu = 0 is the last sample's own hidden vector.
+        found.extend(mu[ok & (mu.abs() > _NOT_ANCHOR)])
+    if len(found) != 1:
+        return None
+    return found[0]
+
+
+def settle_uncertain(
+    inputs: torch.Tensor,
+    uncertain: torch.Tensor,
+    last: int,
+    obs: LayerObservation,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uncertain samples' inputs fixed by the next layer's gradient, where it is given.
+
+    Each uncertain reconstruction lies on the line through its true input and the last
+    sample's (exact) input: the first layer's observations hold along it. The next layer's
+    gradient sum_k w_k h_k^T has the hidden vectors h_k = relu(W x_k + b) as its row space, and
+    of the line's points only the true input's hidden vector lies in it (and the last
+    sample's own).
+
+    Parameters
+    ----------
+    inputs
+        B x n reconstruction.
+    uncertain
+        Mask (B) of the samples the first layer leaves uncertain.
+    last
+        Row of the last sample, whose input is exact.
+    obs
+        The observation, with its next layer.
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        The inputs with every settled sample in place, and the mask of those settled.
+    """
+    settled = torch.zeros_like(uncertain)
+    nxt = obs.next_layer
+    if nxt is None or not bool(uncertain.any()):
+        return inputs, settled
+    b = inputs.shape[0]
+    basis = torch.linalg.svd(nxt.grad_weight, full_matrices=False)[2][:b].T  # m x B
+    anchor = obs.weight @ inputs[last] + obs.bias
+    inputs = inputs.clone()
+    for row in torch.nonzero(uncertain).flatten().tolist():
+        toward = obs.weight @ inputs[row] + obs.bias - anchor
+        mu = _on_row_space(anchor, toward, basis, _IN_ROW_SPACE * obs.precision)
+        if mu is not None:
+            inputs[row] = inputs[last] + mu * (inputs[row] - inputs[last])
+            settled[row] = True
+    return inputs, settled

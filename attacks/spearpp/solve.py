@@ -99,11 +99,22 @@ def solve_inputs(
     if next_layer and obs.next_layer is not None:
         scales = next_layer_scales(q_hat, target, mixed_inputs, scales, obs)
     inputs = mixed_inputs / scales[:, None]
+    return Solution(inputs=inputs, matching=sparsity_matching(columns, inputs, left, obs, rule))
+
+
+def sparsity_matching(
+    columns: torch.Tensor,
+    inputs: torch.Tensor,
+    left: torch.Tensor,
+    obs: LayerObservation,
+    rule: ZeroRule,
+) -> torch.Tensor:
+    """Per sample, the Jaccard index between the zeros of L q_i (``columns``, B x B) and the
+    inactive neurons of its input (``inputs``, B x n)."""
     zero = zero_mask(left, columns, rule)  # B x m: each sample's zero output gradients
     inactive = inputs @ obs.weight.T + obs.bias <= 0
     union = (zero | inactive).sum(dim=1).clamp_min(1)
-    matching = (zero & inactive).sum(dim=1) / union
-    return Solution(inputs=inputs, matching=matching.to(torch.float64))
+    return ((zero & inactive).sum(dim=1) / union).to(torch.float64)
 
 
 def complete_basis(columns: torch.Tensor, spares: torch.Tensor, size: int) -> torch.Tensor:

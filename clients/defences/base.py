@@ -92,9 +92,10 @@ class Disclosure:
         Per-entry std of that noise in gradient units (of (sent - received) / lr, the whole
         update); ``None``: noise of a level the declaration does not give.
     next_layer
-        The update is one step carrying noise of one level on every layer: the next linear
-        layer's gradient then fixes each sample's scale far better than the first layer's bias
-        gradient alone (worth keeping the reply whole for).
+        The update is one step, every layer's gradient of the same batch: the next linear
+        layer's gradient then fixes each sample's scale under noise of one level far better
+        than the first layer's bias gradient alone, and the inputs the first layer leaves open
+        where a sample is zero only where others are (worth keeping the reply whole for).
     """
 
     adds_noise: bool = False

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecordValues
 from pydantic import model_validator
 from torch import nn
 
-from clients.defences.base import TrainingDefence, TrainingSettings, register
+from clients.defences.base import Disclosure, TrainingDefence, TrainingSettings, register
 from clients.training import TrainResult, sgd_steps
 
 
@@ -46,6 +48,10 @@ class FedSgd(TrainingDefence):
         opt = torch.optim.SGD(model.parameters(), lr=settings.lr)
         loss, first = sgd_steps(model, opt, x, y, [torch.arange(len(x))])
         return TrainResult(steps=1, loss=loss, noise_std=0.0, first_loss=first)
+
+    def disclose(self, declared: Mapping[str, Any], weight_update: np.ndarray | None) -> Disclosure:
+        """No noise; one step, so the next layer's gradient is of the same batch."""
+        return Disclosure(next_layer=True)
 
     def declare(self, settings: FedSgdSettings, batch_size: int) -> dict[str, ConfigRecordValues]:
         """One epoch of one mini-batch: the whole batch."""

@@ -46,9 +46,10 @@ def disclosures(
 
 
 def next_layer_helps(declared: Mapping[str, object]) -> bool:
-    """Whether a defence of the reply makes it one noisy step: its next layer's gradient is
-    then one noisy batch gradient, and SPEAR++ fixes the samples' scales from it far better
-    than from the first layer's bias gradient alone (worth keeping the reply whole for)."""
+    """Whether a defence of the reply makes it one step: its next layer's gradient is then of
+    the same batch, and SPEAR++ fixes the samples' scales under noise from it far better than
+    from the first layer's bias gradient alone, and the inputs the first layer leaves open
+    (worth keeping the reply whole for)."""
     return any(d.next_layer for d in disclosures(declared, None))
 
 
@@ -231,7 +232,10 @@ class ThreatModel:
             sent_all, received_all = update.whole()
             sent |= {k: sent_all[k] for k in nxt}
             received |= {k: received_all[k] for k in nxt}
-            knowledge["next_layer"] = "one DP step: its gradient fixes the samples' scales"
+            knowledge["next_layer"] = (
+                "one step: its gradient fixes the samples' scales under noise and the inputs "
+                "the first layer leaves open"
+            )
         return ServerView(
             weights={k: sent[k].astype(np.float64) for k in self.first_layer},
             gradient=_gradient(sent, received, lr),
