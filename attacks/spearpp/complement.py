@@ -126,15 +126,16 @@ def complement_columns(
     # sample active on 40 of 200 neurons is zero on nearly every row), so null steps solve
     # modulo the found columns; under noise (exact zeros do not exist) as before, which kept
     # DP sigma=1e-4 above 90% near-exact.
+    modulo = bool(found.shape[0]) and not rule.noise_std
     found_rows = geom.to_engine(found) if engine_rows else found
-    outside = complement_rows(found_rows)
+    outside = complement_rows(found_rows) if modulo else found_rows
     start = torch.nn.functional.normalize(torch.ones_like(directions), dim=1)
     smallest = NULL_STEPS[null_step]
     solved = []
     for k in counts:
         # One null step, no reweighting: a direction near a sample's input picks its true zeros.
         picked = rows[order[:, :k]]
-        if found.shape[0] and not rule.noise_std:
+        if modulo:
             solved.append(_null_modulo(picked, found_rows, outside))
         else:
             solved.append(smallest(_gram(picked), start))
@@ -156,8 +157,8 @@ def complement_columns(
     if len(found):  # with none found yet (a sign round that found nothing) none is known
         known = (points @ geom.to_engine(found).T).abs().amax(dim=1) > _SAME_COSINE
     score = zeros.masked_fill(known, -torch.inf)
-    # The same column comes back from many directions: take the sparsest, drop its copies,
-    # and again.
+    # The same column comes back from many directions: take the best, drop its copies, and
+    # again.
     kept = []
     for _ in range(max(_KEPT_MIN, _KEPT_PER_DIM * dim)):
         best = points[score.argmax()]

@@ -458,9 +458,10 @@ def run_spearpp(
     exact = found >= b and matched
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
     confidence, settled = solution.matching, 0
-    if not exact and found == b - 1 and harvest.unpinned is not None:
+    if not exact and found == b - 1 and harvest.unpinned is not None and not coarse:
         # Every sample is fixed but those whose columns share the last one's zeros, which the
-        # next layer's gradient fixes where it is given.
+        # next layer's gradient fixes where it is given. (At float32's round-off or under
+        # noise the found columns are not certain enough to vouch for samples this way.)
         doubtful = (columns @ harvest.unpinned.uncertain.T).abs().amax(dim=1) >= _SAME_DIRECTION
         with clock.stage("solve"):
             inputs, fixed = settle_uncertain(inputs, doubtful, b - 1, obs)
@@ -508,7 +509,7 @@ def run_spearpp(
                     if obs.next_layer is not None
                     else "and the next layer's gradient was not given"
                 )
-                if found == b - 1 and harvest.unpinned is not None
+                if found == b - 1 and harvest.unpinned is not None and not coarse
                 else ""
             )
         ),
