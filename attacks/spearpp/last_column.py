@@ -17,7 +17,9 @@ the same single row), no first-layer observation tells q_m from q_m + a q_f: G a
 gradient are the same for the inputs x_f - a' x_m in place of the x_f. Every other sample is
 still fixed: a direction v of the null space outside the found columns' span completes the
 basis with x_m exact (the formula above holds for any v with c . v != 0) and every sample but
-the f's exact (their dual rows are orthogonal to v).
+the f's exact (their dual rows are orthogonal to v). A one-step update's next layer fixes the
+f's too (:func:`settle_uncertain`). The closed form needs exact zeros: at float32's round-off
+(singular values far above ``_NULL_SHARE``) it settles nothing.
 """
 
 from __future__ import annotations
