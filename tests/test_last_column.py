@@ -171,3 +171,19 @@ def test_a_next_layer_of_another_batch_settles_nothing() -> None:
     )
     assert rec.status == "partial" and int(rec.certified.sum()) == 11
     assert rec.counts["next_layer_settled"] == 0
+
+
+def test_a_next_layer_narrower_than_the_batch_settles_nothing() -> None:
+    # Ten outputs for twelve samples: its row space holds only combinations of the hidden
+    # vectors, not each of them.
+    view = nested_batch(0, rows_apart=0)
+    rec = reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        batch_size=12,
+        next_layer=(view["next_grad_weight"][:10], view["next_grad_bias"][:10]),
+        config=SpearConfig(seed=0),
+    )
+    assert rec.counts["next_layer_settled"] == 0 and int(rec.certified.sum()) == 11

@@ -204,7 +204,12 @@ def settle_uncertain(
     if nxt is None or not bool(uncertain.any()):
         return inputs, settled
     b = inputs.shape[0]
-    basis = torch.linalg.svd(nxt.grad_weight, full_matrices=False)[2][:b].T  # m x B
+    _, singular, vh = torch.linalg.svd(nxt.grad_weight, full_matrices=False)
+    # Its row space is the hidden vectors' only where it has rank B (a next layer of fewer
+    # outputs than the batch, a classifier head, holds only combinations of them).
+    if singular.shape[0] < b or bool(singular[b - 1] <= _NULL_SHARE * singular[0]):
+        return inputs, settled
+    basis = vh[:b].T  # m x B
     anchor = obs.weight @ inputs[last] + obs.bias
     inputs = inputs.clone()
     for row in torch.nonzero(uncertain).flatten().tolist():
