@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attacks import SpearConfig, reconstruct
+from attacks import Reconstruction, SpearConfig, reconstruct
 from attacks.spearpp.factor import Factorisation, factorise
 from attacks.spearpp.last_column import LastColumn, last_column
 from attacks.spearpp.refine import ZeroRule, refine_kernel
@@ -35,6 +35,23 @@ def _last(
 ) -> LastColumn | None:
     return last_column(
         found, fac.left, fac.right, view["grad_bias"], view["weight"], view["bias"], rule
+    )
+
+
+def _engine(
+    view: dict[str, torch.Tensor],
+    seed: int,
+    next_layer: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Reconstruction:
+    """The whole engine on a 12-sample batch of :func:`nested_batch`, batch size told."""
+    return reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        batch_size=12,
+        next_layer=next_layer,
+        config=SpearConfig(seed=seed),
     )
 
 
@@ -105,14 +122,7 @@ def test_fewer_or_more_found_columns_settle_nothing() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_engine_reconstructs_a_batch_with_a_column_one_row_apart(seed: int) -> None:
     view = nested_batch(seed, rows_apart=1)
-    rec = reconstruct(
-        view["grad_weight"],
-        view["grad_bias"],
-        view["weight"],
-        view["bias"],
-        batch_size=12,
-        config=SpearConfig(seed=seed),
-    )
+    rec = _engine(view, seed)
     assert rec.status == "exact"
     err = torch.cdist(view["x"], rec.inputs.double()).min(dim=1).values
     assert float(err.max()) < 1e-8
@@ -121,14 +131,7 @@ def test_the_engine_reconstructs_a_batch_with_a_column_one_row_apart(seed: int) 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_engine_certifies_every_sample_but_the_one_no_observation_fixes(seed: int) -> None:
     view = nested_batch(seed, rows_apart=0)
-    rec = reconstruct(
-        view["grad_weight"],
-        view["grad_bias"],
-        view["weight"],
-        view["bias"],
-        batch_size=12,
-        config=SpearConfig(seed=seed),
-    )
+    rec = _engine(view, seed)
     assert rec.status == "partial"
     assert int(rec.certified.sum()) == 11
     err = torch.cdist(rec.inputs.double(), view["x"]).min(dim=1).values
