@@ -17,6 +17,7 @@ from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.last_column import LastColumn, last_column, settle_uncertain
+from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
@@ -108,11 +109,11 @@ class _Harvester:
         self.pre: torch.Tensor | None = None
         # Refinement done from inside the search, which the search stage's clock also counts.
         self.midway_seconds = 0.0
-        # (R, dL/db, W, b) for the last column's closed form (attacks.spearpp.last_column);
+        # (R, dL/db, W, b) for the last columns in closed form (last_pair, last_column);
         # set by the engine when the update is noiseless.
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.settled_last = 0
-        self._last_tried = False  # the pool only grows: B - 1 columns are tried once
+        self._pair_tried = self._last_tried = False
         # The last column's stand-in when its zeros do not pin it (see LastColumn).
         self.unpinned: LastColumn | None = None
 
@@ -145,21 +146,34 @@ class _Harvester:
                 active = ~zero_mask(self.left, cands.directions, self.rule)
                 cands = cands.demote(halfspace_agreement(self.pre, active) >= _NOISY_MIN_AGREEMENT)
             grew = self.pool.add(cands)
-            if (
-                self.inputs is not None
-                and len(self.pool) == self.left.shape[1] - 1
-                and not self._last_tried
-            ):
-                self._last_tried = True
-                last = last_column(self.pool.columns, self.left, *self.inputs, self.rule)
-                if last is not None and last.pinned:
-                    zeros = zero_mask(self.left, last.column[None], self.rule).sum()
-                    self.pool.admit(last.column, zeros)
-                    self.settled_last += 1
-                    grew += 1
-                elif last is not None:
-                    self.unpinned = last
+            if self.inputs is not None:
+                grew += self._closed_forms(self.inputs)
             return grew
+
+    def _closed_forms(
+        self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    ) -> int:
+        """Settle the last two columns in closed form where the pool lacks only those; the number
+        settled. (The pool only grows: each count of missing columns is tried once.)"""
+        b, grew = self.left.shape[1], 0
+        if len(self.pool) == b - 2 and not self._pair_tried:
+            self._pair_tried = True
+            for q in last_pair(self.pool.columns, self.left, *inputs, self.rule):
+                self.pool.admit(q, zero_mask(self.left, q[None], self.rule).sum())
+                self.settled_last += 1
+                grew += 1
+        if len(self.pool) == b - 1 and not self._last_tried:
+            self._last_tried = True
+            last = last_column(self.pool.columns, self.left, *inputs, self.rule)
+            if last is not None and last.pinned:
+                self.pool.admit(
+                    last.column, zero_mask(self.left, last.column[None], self.rule).sum()
+                )
+                self.settled_last += 1
+                grew += 1
+            elif last is not None:
+                self.unpinned = last
+        return grew
 
 
 def _few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
