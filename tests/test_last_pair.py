@@ -8,6 +8,8 @@ import torch
 
 from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.engine import _Clock, _Harvester
+from attacks.spearpp.factor import factorise
+from attacks.spearpp.inputs import FLOAT32_PRECISION
 from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule
@@ -106,3 +108,29 @@ def test_the_engine_completes_a_pool_two_short(seed: int) -> None:
     assert len(pool) == b and grew == b
     assert harvest.settled_last == 2
     assert _is_among(truth, pool.columns)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_float32_gradient_never_yields_a_wrong_column(seed: int) -> None:
+    # At float32's round-off no segment's rows are null to the closed form's share.
+    view = nested_batch(seed, rows_apart=1)
+    for key in ("grad_weight", "grad_bias"):
+        view[key] = view[key].float().double()
+    b = view["x"].shape[0]
+    fac = factorise(
+        view["grad_weight"],
+        batch_size=b,
+        noise_std=None,
+        precision=FLOAT32_PRECISION,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    truth = torch.nn.functional.normalize(
+        torch.linalg.lstsq(fac.left, view["out_grads"]).solution.T, dim=1
+    )
+    rule = ZeroRule(
+        relative=FLOAT32_PRECISION, noise_std=0.0, inverse_singular=1 / fac.singular_values[:b]
+    )
+    got = last_pair(
+        truth[2:], fac.left, fac.right, view["grad_bias"], view["weight"], view["bias"], rule
+    )
+    assert got.shape[0] == 0
