@@ -44,7 +44,10 @@ class Reconstruction:
         Seconds per stage (``factorise``, ``search``, ``refine``, ``select``, ``solve``, ``total``).
     counts
         ``starts``, ``passes``, ``candidates`` (directions proposed), ``unique`` (distinct
-        verified columns), ``selected``.
+        verified columns), ``selected``; SPEAR++ adds ``sign_rounds``, ``settled_last``
+        (columns settled in closed form once only one or two were missing),
+        ``unpinned_last`` (1 where the last column's zeros did not pin it) and
+        ``next_layer_settled`` (samples the next layer's gradient then fixed).
     settings
         The configuration used, plus the device and what the attacker was told.
     reason

@@ -23,7 +23,7 @@ def _pair(view: dict[str, torch.Tensor], found: torch.Tensor, rule: ZeroRule) ->
     fac, _, _ = _setting(view)
     return last_pair(
         found, fac.left, fac.right, view["grad_bias"], view["weight"], view["bias"], rule
-    )
+    ).columns
 
 
 def _without(truth: torch.Tensor, missing: tuple[int, ...]) -> torch.Tensor:
@@ -111,6 +111,32 @@ def test_the_engine_completes_a_pool_two_short(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_engine_certifies_the_pinned_one_of_a_pair_whose_other_is_unpinned(seed: int) -> None:
+    # Sample 0 is zero only where sample 1 is, both missing: sample 1's input is not fixed
+    # (sample 0's column is known only up to sample 1's), so its column from the scan goes to
+    # the certificate, and the last column's stand-in then leaves sample 1 uncertain.
+    view = nested_batch(seed, rows_apart=0)
+    fac, truth, rule = _setting(view)
+    scan = last_pair(
+        _without(truth, (0, 1)),
+        fac.left,
+        fac.right,
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        rule,
+    )
+    assert scan.columns.shape[0] == 0 and _is_among(truth[1:2], scan.candidates[:1])
+    pool = ColumnPool(12, truth.device, spares=24, same_cosine=rule.same_column_cosine)
+    gen = torch.Generator().manual_seed(seed)
+    harvest = _Harvester(fac.left, fac.left, rule, SpearConfig(), pool, _Clock(), gen)
+    harvest.inputs = (fac.right, view["grad_bias"], view["weight"], view["bias"])
+    harvest.propose(_without(truth, (0, 1)))
+    assert len(pool) == 11 and _is_among(pool.columns, truth[1:])
+    assert harvest.unpinned is not None and _is_among(harvest.unpinned.uncertain, truth[1:2])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_a_float32_gradient_never_yields_a_wrong_column(seed: int) -> None:
     # At float32's round-off no segment's rows are null to the closed form's share.
     view = nested_batch(seed, rows_apart=1)
@@ -130,7 +156,7 @@ def test_a_float32_gradient_never_yields_a_wrong_column(seed: int) -> None:
     rule = ZeroRule(
         relative=FLOAT32_PRECISION, noise_std=0.0, inverse_singular=1 / fac.singular_values[:b]
     )
-    got = last_pair(
+    scan = last_pair(
         truth[2:], fac.left, fac.right, view["grad_bias"], view["weight"], view["bias"], rule
     )
-    assert got.shape[0] == 0
+    assert scan.columns.shape[0] == 0 and scan.candidates.shape[0] == 0

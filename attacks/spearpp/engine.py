@@ -19,7 +19,7 @@ from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.last_column import LastColumn, last_column, settle_uncertain
 from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule, pin_rows, refiner, zero_mask
+from attacks.spearpp.refine import ZeroRule, pin_rows, refine_kernel, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
 from attacks.spearpp.signs import (
     SignGeometry,
@@ -158,10 +158,18 @@ class _Harvester:
         b, grew = self.left.shape[1], 0
         if len(self.pool) == b - 2 and not self._pair_tried:
             self._pair_tried = True
-            for q in last_pair(self.pool.columns, self.left, *inputs, self.rule):
+            scan = last_pair(self.pool.columns, self.left, *inputs, self.rule)
+            for q in scan.columns:
                 self.pool.admit(q, zero_mask(self.left, q[None], self.rule).sum())
                 self.settled_last += 1
                 grew += 1
+            if scan.candidates.shape[0]:
+                known = self.pool.columns
+                grew += self.pool.add(
+                    refine_kernel(
+                        self.left, scan.candidates, self.rule, False, self.generator, known
+                    )
+                )
         if len(self.pool) == b - 1 and not self._last_tried:
             self._last_tried = True
             last = last_column(self.pool.columns, self.left, *inputs, self.rule)

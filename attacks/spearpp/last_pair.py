@@ -8,9 +8,16 @@ which some z_j changes sign the inactive set I(t) is constant; on the segment th
 missing sample's input it is that sample's zero set, whose rows leave its column as their only
 null direction (where the zeros pin it). On any other segment some neuron the sample has active
 counts as inactive, and its row closes the null space. The segments' Gram matrices follow from
-one another by one row each, so one batched Cholesky test screens them all; a segment's null
-direction is kept only where it is one, lies outside the found columns' span, and has exactly
-the segment's inactive neurons as its zeros.
+one another by one row each, so one batched Cholesky test screens them all.
+
+A null direction is a column only where it is the segment's only one and lies outside the found
+columns' span, and even then a neighbouring segment's can be a mix of the sample's column and
+found ones, pinned by its extra row. So the other column follows from it in closed form
+(:func:`attacks.spearpp.last_column.last_column`), and with both the sample's own input, whose
+inactive neurons must be exactly the column's zeros; a mix's are not. Where the other sample's
+zeros do not pin its column, this one's input is not fixed either (the other's column is known
+only up to this one), so the null directions are handed back as candidates for the certificate,
+which vouches for a column by its zeros alone.
 
 The search's hardest samples are the last ones: dense ones beside very sparse found samples,
 and ones zero wherever a found sample is but on a row or two. Neither makes this scan harder.
@@ -18,6 +25,8 @@ Like the last column's closed form it needs exact zeros (float64, no noise).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -38,6 +47,22 @@ _NULL_SHARE = 1e-9
 _ALONG = 1e-6
 # Gram matrices built and screened at once: elements per chunk.
 _CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class PairScan:
+    """What the scan settled.
+
+    Attributes
+    ----------
+    columns
+        k x B (k at most 2): missing columns, each checked against its sample's input.
+    candidates
+        Null directions of segments not checked that way, for the certificate.
+    """
+
+    columns: torch.Tensor
+    candidates: torch.Tensor
 
 
 def _screened(
@@ -85,8 +110,8 @@ def last_pair(
     weight: torch.Tensor,
     bias: torch.Tensor,
     rule: ZeroRule,
-) -> torch.Tensor:
-    """The missing columns (k x B, k at most 2, engine coordinates) the scan pins.
+) -> PairScan:
+    """The missing columns (engine coordinates) the scan settles, and its other candidates.
 
     Parameters
     ----------
@@ -102,7 +127,7 @@ def last_pair(
         The zero rule the columns were found under.
     """
     b = left.shape[1]
-    none = left.new_zeros(0, b)
+    none = PairScan(left.new_zeros(0, b), left.new_zeros(0, b))
     if columns.shape[0] != b - 2 or b < 2:
         return none
     plane = torch.linalg.svd(columns.T, full_matrices=True)[0][:, b - 2 :]  # B x 2
@@ -138,10 +163,6 @@ def last_pair(
         if any(float((q @ t).abs()) > 1 - 1e-9 for t in tried):
             continue  # segments inside a sample's zero set all give its column
         tried.append(q)
-        # A neighbouring segment's null direction can be a mix of the sample's column and
-        # found ones, pinned by its extra row. The other sample's column follows from this
-        # one in closed form, and with it this sample's input, whose inactive neurons must
-        # be this column's zeros; a mix's are not.
         other = last_column(
             torch.cat([columns, q[None]]), left, right, grad_bias, weight, bias, rule
         )
@@ -155,5 +176,6 @@ def last_pair(
         own = weight @ (dual @ right / scale) + bias <= 0
         if not bool((own == zero_mask(left, q[None], rule)[0]).all()):
             continue
-        return torch.stack([q, other.column]) if other.pinned else q[None]
-    return none
+        pair = torch.stack([q, other.column]) if other.pinned else q[None]
+        return PairScan(pair, none.candidates)
+    return PairScan(none.columns, torch.stack(tried) if tried else none.candidates)
