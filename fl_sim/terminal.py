@@ -28,6 +28,10 @@ KNOWN_NOTICES = (
 # Loggers whose INFO lines are set-up chatter: alembic migrates Flower's state database (one
 # line per plugin at every start), Ray's and Flower's own progress is fl-sim's progress.
 QUIET_LOGGERS = ("alembic", "flwr", "ray")
+# Loggers whose warnings are no user's business: matplotlib warns once per font family a log
+# axis' tick labels ask for when its font cache lacks them (a cache built by another install),
+# and falls back to a font it has.
+SILENT_LOGGERS = ("matplotlib.font_manager",)
 
 # The terminal's stderr, shared by the log handler and the progress display so that neither
 # writes across the other.
@@ -57,6 +61,8 @@ def configure_logging(terminal_level: int) -> logging.Handler:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in SILENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     # Flower prints its records itself (in colour, even into files) and passes them on to the
     # root logger too: every warning came twice. The root's handler alone shows them, once.
     FLOWER_LOGGER.removeHandler(console_handler)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from fl_sim.cli import build_parser
@@ -154,3 +156,17 @@ def test_a_run_shows_progress_and_summary_without_library_noise(tmp_path: Path) 
     )
     assert "usage: fl-sim" in helped.stdout and not [m for m in RST if m in helped.stdout]
     assert not helped.stderr
+
+
+def test_font_fallbacks_are_not_shown_but_other_warnings_are(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A font cache built by another install lacks the families a log axis' tick labels ask
+    # for: matplotlib warns once per family, and falls back.
+    from fl_sim.terminal import configure_logging
+
+    configure_logging(logging.INFO)
+    logging.getLogger("matplotlib.font_manager").warning("findfont: Font family not found.")
+    logging.getLogger("fl_sim.report").warning("a warning of our own")
+    err = capsys.readouterr().err
+    assert "findfont" not in err and "a warning of our own" in err
