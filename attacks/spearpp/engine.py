@@ -150,6 +150,12 @@ class _Harvester:
                 grew += self._closed_forms(self.inputs)
             return grew
 
+    def _admit(self, column: torch.Tensor) -> int:
+        """Add a column settled in closed form to the pool; 1, the number added."""
+        self.pool.admit(column, zero_mask(self.left, column[None], self.rule).sum())
+        self.settled_last += 1
+        return 1
+
     def _closed_forms(
         self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     ) -> int:
@@ -160,9 +166,7 @@ class _Harvester:
             self._pair_tried = True
             scan = last_pair(self.pool.columns, self.left, *inputs, self.rule)
             for q in scan.columns:
-                self.pool.admit(q, zero_mask(self.left, q[None], self.rule).sum())
-                self.settled_last += 1
-                grew += 1
+                grew += self._admit(q)
             if scan.candidates.shape[0]:
                 known = self.pool.columns
                 grew += self.pool.add(
@@ -174,11 +178,7 @@ class _Harvester:
             self._last_tried = True
             last = last_column(self.pool.columns, self.left, *inputs, self.rule)
             if last is not None and last.pinned:
-                self.pool.admit(
-                    last.column, zero_mask(self.left, last.column[None], self.rule).sum()
-                )
-                self.settled_last += 1
-                grew += 1
+                grew += self._admit(last.column)
             elif last is not None:
                 self.unpinned = last
         return grew

@@ -30,19 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
-from attacks.spearpp.last_column import last_column
+from attacks.spearpp.last_column import _NULL_SHARE, _TINY_SCALE, last_column
 from attacks.spearpp.refine import ZeroRule, canonical_sign, zero_mask
 
-# |c . L^T dL/db| below this share of |L^T dL/db| on the whole plane leaves both scales unknown.
-_TINY_SCALE = 1e-12
 # A segment whose Gram matrix has an eigenvalue below this share of its mean one is screened in
 # (generous: the Gram squares round-off; each one screened in is checked on its rows).
 _SCREEN = 1e-8
 # Screened segments checked on their rows, those nearest singular first.
 _CHECKED = 32
-# Singular values of a segment's rows below this share of the largest are null (as in
-# last_column).
-_NULL_SHARE = 1e-9
 # A null direction whose part in the plane is this small is a mix of found columns.
 _ALONG = 1e-6
 # Gram matrices built and screened at once: elements per chunk.
