@@ -79,6 +79,8 @@ def test_frozen() -> None:
         (["clients.delta=2"], "delta = 2.0: must be in (0, 1)"),
         (["model.depth=1"], "model.depth = 1: must be >= 2"),
         (["data.alpha=0"], "data.alpha = 0.0: must be > 0"),
+        (["data.mirror=true"], "data.mirror = true with data.source = 'auto': only 'cifar10'"),
+        (["data.source=cifar10", "data.mirror=true"], None),
         (["clients.0.defence=fedsgd", "clients.0.epochs=2"], None),
         (["noequals"], "expected KEY=VALUE"),
         (
@@ -103,7 +105,8 @@ def test_frozen() -> None:
     ],
 )
 def test_rejections_name_key_value_and_allowed(overrides: list[str], message: str | None) -> None:
-    if message is None:  # fedsgd ignores epochs given to a group that becomes fedsgd: accepted
+    # Accepted: fedsgd ignores epochs given to a group that becomes fedsgd; CIFAR-10 mirrored.
+    if message is None:
         parse_scenario(apply_overrides(BASE, overrides))
         return
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -57,6 +57,11 @@ class DataSpec(Settings):
         Local set size of each client.
     test_size
         Held-out samples for the global model's test loss and accuracy.
+    mirror
+        Add every image's horizontal mirror image to the pool (the usual CIFAR-10 augmentation),
+        doubling a small local copy such as a 1,000-image .npz; ``cifar10`` only (the offline
+        photographs' crops are already flipped at random, so their mirrors could be near-copies
+        of other crops).
     """
 
     source: Literal["auto", "cifar10", "photos", "breast_cancer"] = "auto"
@@ -66,6 +71,17 @@ class DataSpec(Settings):
     alpha: Positive = 0.5
     samples_per_client: AtLeastOne = 64
     test_size: AtLeastOne = 500
+    mirror: Bool = False
+
+    @model_validator(mode="after")
+    def _mirror_cifar10_only(self) -> DataSpec:
+        """Only CIFAR-10's images are mirrored (see ``mirror``)."""
+        if self.mirror and self.source != "cifar10":
+            raise ValueError(
+                f"data.mirror = true with data.source = {self.source!r}: only 'cifar10' is "
+                "mirrored"
+            )
+        return self
 
 
 class ModelSpec(Settings):

@@ -59,6 +59,12 @@ class FederatedData:
 
 
 def _pool(spec: DataSpec, needed: int, seed: int) -> RecordSet:
+    if spec.mirror:
+        return _source(spec, math.ceil(needed / 2), seed).with_mirrors()
+    return _source(spec, needed, seed)
+
+
+def _source(spec: DataSpec, needed: int, seed: int) -> RecordSet:
     if spec.source == "breast_cancer":
         return load_breast_cancer_records()
     if spec.source in ("auto", "cifar10"):

@@ -3,7 +3,7 @@ the value range that puts them on the judge's [0, 1] scale."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -77,3 +77,35 @@ class RecordSet:
             low=(0.0,) * channels,
             high=(_PIXEL_MAX,) * channels,
         )
+
+    def with_mirrors(self) -> RecordSet:
+        """The records followed by their horizontal mirror images (images only), leaving out
+        every mirror image that is already in the pool: identical inputs are indistinguishable
+        to any attack, and a pool full of them would measure that rather than leakage."""
+        if self.records.ndim != 4:
+            raise ValueError(
+                f"{self.source}: only images (N x C x H x W) can be mirrored, the records are "
+                f"{self.records.shape}"
+            )
+        mirrors = np.ascontiguousarray(self.records[..., ::-1])
+        seen = {r.tobytes() for r in self.records}
+        new = np.asarray([m.tobytes() not in seen for m in mirrors], dtype=bool)
+        # A symmetric image is its own mirror; two mirrors can also coincide.
+        new &= ~_repeated(mirrors)
+        return replace(
+            self,
+            records=np.concatenate([self.records, mirrors[new]]),
+            labels=np.concatenate([self.labels, self.labels[new]]),
+            source=f"{self.source}+mirrored",
+        )
+
+
+def _repeated(records: np.ndarray) -> np.ndarray:
+    """True for every record equal to one earlier in ``records``."""
+    first: set[bytes] = set()
+    out = np.zeros(len(records), dtype=bool)
+    for i, r in enumerate(records):
+        key = r.tobytes()
+        out[i] = key in first
+        first.add(key)
+    return out
