@@ -17,6 +17,7 @@ from attacks.spearpp.signs import SignGeometry
 from fl_sim.data.cifar10 import ImageSet, read_npz
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import fc_relu_net, first_linear, layer_gradients
+from strategies.behaviours.base import firing_bias
 
 SHARED_NPZ = (
     Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10_test_1000.npz"
@@ -39,14 +40,21 @@ def batch(b: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def observation(
-    b: int, width: int, seed: int, depth: int = 6
+    b: int, width: int, seed: int, depth: int = 6, fire_share: float | None = None
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """A float64 FedSGD observation of the first layer, the true normalised inputs and
-    the true per-sample output gradients (B x m)."""
+    the true per-sample output gradients (B x m). With ``fire_share`` the first layer's biases
+    are those of the ``sparsify`` server: each neuron fires for that share of 200 other images."""
     _, x, y = batch(b, seed)
     torch.manual_seed(seed)
     net = fc_relu_net(width, depth).double()
     _, layer = first_linear(net)
+    if fire_share is not None:
+        _, public, _ = batch(200, seed + 1000)
+        public = public[(torch.cdist(public, x).amin(dim=1) > 0)]  # none of the batch's
+        with torch.no_grad():
+            bias = firing_bias(layer.weight.numpy(), public.numpy(), fire_share)
+            layer.bias.copy_(torch.from_numpy(bias))
     z = layer(x)
     z.retain_grad()
     out = net[3:](net[2](z))
@@ -69,11 +77,11 @@ def best_match_error(rec: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def sign_geometry(
-    b: int, width: int, seed: int, depth: int = 6
+    b: int, width: int, seed: int, depth: int = 6, fire_share: float | None = None
 ) -> tuple[SignGeometry, torch.Tensor, torch.Tensor]:
     """The sign search's geometry of a FedSGD batch, its true columns of Q (search
     coordinates: L q_i = the sample's output gradient) and the samples' output gradients."""
-    view, _x, out_grads = observation(b, width, seed, depth)
+    view, _x, out_grads = observation(b, width, seed, depth, fire_share)
     fac = factorise(
         view["grad_weight"],
         batch_size=None,
@@ -81,7 +89,7 @@ def sign_geometry(
         precision=1e-15,
         generator=torch.Generator().manual_seed(seed),
     )
-    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
+    geom = SignGeometry.build(fac.left, fac.right, view["weight"], view["bias"])
     truth: torch.Tensor = torch.linalg.lstsq(geom.left, out_grads.T).solution.T
     return geom, truth, out_grads
 

@@ -105,7 +105,7 @@ def test_dense_columns_come_back_where_their_zeros_are_found_columns_zeros_too(s
         precision=1e-13,
         generator=torch.Generator().manual_seed(seed),
     )
-    geom = SignGeometry.build(fac.left, fac.right, view["weight"])
+    geom = SignGeometry.build(fac.left, fac.right, view["weight"], view["bias"])
     truth = torch.nn.functional.normalize(
         torch.linalg.lstsq(geom.left, view["out_grads"]).solution.T, dim=1
     )

@@ -66,7 +66,7 @@ def geometry() -> SignGeometry:
         precision=1e-9,
         generator=torch.Generator().manual_seed(0),
     )
-    return SignGeometry.build(fac.left, fac.right, view["weight"])
+    return SignGeometry.build(fac.left, fac.right, view["weight"], view["bias"])
 
 
 def test_the_counter_sees_a_sync(geometry: SignGeometry) -> None:
@@ -79,6 +79,9 @@ def test_sign_search_iterations_never_sync(geometry: SignGeometry) -> None:
     starts = random_starts(8, geometry.left.shape[1], torch.Generator().manual_seed(0))
     found = geometry.to_search(torch.eye(20, dtype=torch.float64)[:3])
     assert not _syncs(lambda: sign_search(geometry, starts, None, 14, null_step="inverse"))
+    assert not _syncs(
+        lambda: sign_search(geometry, starts, None, 14, null_step="inverse", whole=True)
+    )
     deflation = torch.linalg.qr(found.T).Q  # B x F
     assert not _syncs(
         lambda: sign_search(geometry, starts, deflation, 6, found, null_step="inverse")
@@ -87,7 +90,7 @@ def test_sign_search_iterations_never_sync(geometry: SignGeometry) -> None:
 
 def test_max_margin_newton_steps_never_sync(geometry: SignGeometry) -> None:
     active = geometry.pre[:, :5].T > 0
-    assert not _syncs(lambda: fit_inputs(geometry.pre, active))
+    assert not _syncs(lambda: fit_inputs(geometry.affine(), active))
 
 
 @pytest.mark.parametrize("optimiser", ["radam", "pgd"])

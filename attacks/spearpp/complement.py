@@ -19,6 +19,7 @@ import torch
 
 from attacks.spearpp.refine import ZeroRule, pin_rows, zero_mask
 from attacks.spearpp.signs import (
+    MARGIN_NEWTON_STEPS,
     NULL_STEPS,
     SignGeometry,
     halfspace_agreement,
@@ -26,7 +27,8 @@ from attacks.spearpp.signs import (
 )
 
 # Directions tried per dimension of the complement (two, +-p, when one column is missing),
-# within a budget of null-step work (multiply-adds of the rows' Gram matrices) per call.
+# within a budget of work per call (multiply-adds of the null steps' Gram matrices and of the
+# halfspace fits' Hessians).
 _DIRECTIONS_PER_DIM = 200
 _WORK_BUDGET = 2e9
 # Candidates kept per dimension of the complement, the best distinct ones: refining every
@@ -112,7 +114,10 @@ def complement_columns(
     if dim == 1:
         mixes = torch.tensor([[1.0], [-1.0]], dtype=found.dtype)
     else:
-        affordable = int(_WORK_BUDGET / (sum(counts) * b * b))
+        # Per direction: a null step per row count, and the halfspace fit of each result (a
+        # Newton step costs m (M + 1)^2; with many columns missing the fits are most of it).
+        fits = len(counts) * MARGIN_NEWTON_STEPS * m * (dim + 1) ** 2
+        affordable = int(_WORK_BUDGET / (sum(counts) * b * b + fits))
         many = max(2 * dim, min(_DIRECTIONS_PER_DIM * dim, affordable))
         draws = torch.randn(many, dim, generator=generator, dtype=found.dtype)
         mixes = torch.nn.functional.normalize(draws, dim=1)
@@ -144,14 +149,23 @@ def complement_columns(
     points = torch.nn.functional.normalize(solved_all * (1 if engine_rows else scale), dim=1)
     engine_left = geom.left / geom.singular
     # A missing sample's input lies in the complement, so its column's activity pattern is a
-    # halfspace pattern there (up to the bias); a mix's, an intersection of several, is not. The
+    # halfspace pattern there (an affine one: the bias is a column of the fit); a mix's, an
+    # intersection of several, is not. The
     # mixes of sparse samples have far more zeros than a dense sample's column (measured on
     # the quickstart's FedSGD client after 29 CIFAR-10 rounds: 100 against 34), so candidates
     # are ranked by that agreement first and by their zeros only among equals.
     zero = zero_mask(engine_left, points, rule)
     zeros = zero.sum(dim=1).to(points.dtype)
+    # Many directions land on the same column: the agreement's halfspace fits (the costly part,
+    # 54 of 66 s on a sparsified m=1000 layer with 48 columns missing) run once per column, on
+    # its sparsest copy.
+    order = zeros.argsort(descending=True)
+    points, zero, zeros = points[order], zero[order], zeros[order]
+    same = ((points @ points.T).abs() > _SAME_COSINE).triu(diagonal=1)
+    distinct = ~same.any(dim=0)
+    points, zero, zeros = points[distinct], zero[distinct], zeros[distinct]
     if not rule.noise_std:
-        agree = halfspace_agreement(geom.pre @ complement, ~zero)
+        agree = halfspace_agreement(geom.affine(complement), ~zero)
         zeros = torch.round(agree * m) * (m + 1) + zeros
     known = torch.zeros(len(points), dtype=torch.bool, device=points.device)
     if len(found):  # with none found yet (a sign round that found nothing) none is known

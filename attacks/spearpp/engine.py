@@ -56,6 +56,10 @@ _START_SPREAD = 0.5
 _DEFLATE_MAX_MISSING = 4
 # Largest factor by which idle sign rounds widen the next round's starts.
 _SIGN_WIDEN_MAX = 16
+# Share of zeros in the found columns (their median) above which the sign search null-steps on
+# every zero of its converged points: honest layers have about half, a layer whose biases fire
+# each neuron for a tenth of the samples 90%.
+_SPARSE_LAYER = 0.75
 # Random mixes of the missing columns' guesses per missing column, and the sizes of the
 # random steps away from them.
 _LAST_MIXES = 4
@@ -104,8 +108,8 @@ class _Harvester:
             config.refinement, config.rounding_samples, config.split_mixtures, seen_mixes=set()
         )
         self.proposed = 0
-        # A = W V, set by the sign search: checks its candidates under noise (the surrogate
-        # search alone stays the paper's method).
+        # [A, b] = [W V, b], set by the sign search: checks its candidates under noise (the
+        # surrogate search alone stays the paper's method).
         self.pre: torch.Tensor | None = None
         # Refinement done from inside the search, which the search stage's clock also counts.
         self.midway_seconds = 0.0
@@ -182,6 +186,11 @@ class _Harvester:
             elif last is not None:
                 self.unpinned = last
         return grew
+
+
+def _sparse_layer(pool: ColumnPool, m: int) -> bool:
+    """Whether the columns found so far are mostly zeros (see ``sign_search``'s ``whole``)."""
+    return bool(len(pool)) and float(pool.zeros.double().median()) > _SPARSE_LAYER * m
 
 
 def _few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
@@ -280,7 +289,7 @@ def _sign_rounds(
             fresh = pool.columns[inputs.shape[0] :]
             if fresh.shape[0]:  # the deflation changes only when the pool grew
                 active = ~zero_mask(harvest.left, fresh, harvest.rule)
-                inputs = torch.cat([inputs, fit_inputs(geom.pre, active)])
+                inputs = torch.cat([inputs, fit_inputs(geom.affine(), active)[:, :batch_size]])
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
             # Basins of trained networks' columns are very uneven: rounds that find nothing
             # widen the next one, and a success narrows it again.
@@ -289,7 +298,15 @@ def _sign_rounds(
             found = geom.to_search(pool.columns) if len(pool) else None
             engine_rows = not harvest.rule.noise_std  # see sign_search
             points = sign_search(
-                geom, starts, basis, config.sign_iterations, found, null_step, None, engine_rows
+                geom,
+                starts,
+                basis,
+                config.sign_iterations,
+                found,
+                null_step,
+                None,
+                engine_rows,
+                whole=_sparse_layer(pool, harvest.left.shape[0]),
             )
             if (
                 basis is not None
@@ -404,8 +421,8 @@ def run_spearpp(
     geom: SignGeometry | None = None
     if config.search == "signs":
         with clock.stage("search"):
-            geom = SignGeometry.build(left, fac.right, obs.weight)
-        harvest.pre = geom.pre
+            geom = SignGeometry.build(left, fac.right, obs.weight, obs.bias)
+        harvest.pre = geom.affine()
         sign_rounds, sign_starts = _sign_rounds(harvest, geom, b, generator, out_of_time, null_step)
         if _few_missing(config, b, len(pool)):
             _deflate(harvest, b, generator)

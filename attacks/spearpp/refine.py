@@ -30,6 +30,8 @@ _MAX_MIX = 4
 # Zeros end at a jump of |L q| this large (log scale, e^3 = 20x): a true column's zeros sit
 # many orders below its entries, an unconverged point shows no such jump.
 _ZERO_JUMP = 3.0
+# Past m - m/8 rows the jump must be e^15 (3e6).
+_SPARSE_JUMP = 15.0
 # Rows of L this small next to the largest belong to neurons no sample activates.
 _DEAD_ROW = 1e-9
 # Row subsets tried per mix (all of them when there are fewer), and the sparsest new
@@ -58,8 +60,15 @@ def zero_split(size: torch.Tensor, floor: int) -> tuple[torch.Tensor, torch.Tens
     smallest = size.masked_fill(size <= 0, torch.inf).amin(dim=1, keepdim=True)
     ordered = torch.where(size <= 0, smallest, size).sort(dim=1).values
     logs = ordered.clamp_min(torch.finfo(size.dtype).tiny).log()
-    jumps = logs[:, lo + 1 : m - lo] - logs[:, lo : m - lo - 1]
-    best, where = jumps.max(dim=1)
+    # Jumps after rows lo .. m - lo - 2, then up to the last row: a sample active on fewer than
+    # m / 8 neurons (a layer whose biases were shifted to fire each neuron for a tenth of the
+    # samples; some samples fired one or two of 300) has its jump there, and only a jump as
+    # large as a converged column's (round-off against its entries) counts there.
+    stop = max(m - lo, m)
+    jumps = logs[:, lo + 1 : stop] - logs[:, lo : stop - 1]
+    inner = m - 2 * lo - 1
+    sparse = jumps[:, inner:] - (_SPARSE_JUMP - _ZERO_JUMP)
+    best, where = torch.cat([jumps[:, :inner], sparse], dim=1).max(dim=1)
     at = (where + lo)[:, None]
     split = (ordered.gather(1, at) * ordered.gather(1, at + 1)).sqrt()
     jumped = best > _ZERO_JUMP
