@@ -116,7 +116,7 @@ def complement_columns(
     else:
         # Per direction: a null step per row count, and the halfspace fit of each result (a
         # Newton step costs m (M + 1)^2; with many columns missing the fits are most of it).
-        fits = len(counts) * MARGIN_NEWTON_STEPS * m * (dim + 1) ** 2
+        fits = 0 if rule.noise_std else len(counts) * MARGIN_NEWTON_STEPS * m * (dim + 1) ** 2
         affordable = int(_WORK_BUDGET / (sum(counts) * b * b + fits))
         many = max(2 * dim, min(_DIRECTIONS_PER_DIM * dim, affordable))
         draws = torch.randn(many, dim, generator=generator, dtype=found.dtype)

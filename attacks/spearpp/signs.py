@@ -28,7 +28,8 @@ are uneven, so found columns are deflated in both views, since P Q = I:
 Every fit is affine, A p + t b with t free: a column's scale, and so that of p, is unknown, and
 the bias cannot be left out where it is not small next to W x (a server that shifts the biases
 so that each neuron fires for a tenth of the samples: SPEAR++ found 24 of 64 columns in 60 s
-with linear fits, where it finds all 64 of the honest layer in 5 s).
+with linear fits, where it finds all 64 of the honest layer in 5 s). Under noise the engine
+keeps them linear (see ``SignGeometry.build``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class SignGeometry:
     pre
         A = W V (m x B): the pre-activation of the input with coordinates p is A p + b.
     bias
-        b (m), the layer's biases.
+        b (m x 1), the layer's biases, or m x 0 where the fits leave it out.
     pre_basis
         Orthonormal basis of the column space of [A, b] (m x (B + 1)): a least-squares fit in it
         is a projection.
@@ -85,21 +86,22 @@ class SignGeometry:
 
     @staticmethod
     def build(
-        left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+        left: torch.Tensor, right: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> SignGeometry:
         """From the engine's factors (``left`` = U, ``right`` = S V^T) and the layer's weight
-        and bias."""
+        and bias (``None``: linear fits, the bias left out)."""
         singular = right.norm(dim=1)
         pre = weight.to(right.dtype) @ (right / singular[:, None]).T
-        b = bias.to(pre)
-        basis = torch.linalg.qr(torch.cat([pre, b[:, None]], dim=1)).Q
+        b = pre.new_zeros(pre.shape[0], 0) if bias is None else bias.to(pre)[:, None]
+        basis = torch.linalg.qr(torch.cat([pre, b], dim=1)).Q
         return SignGeometry(left * singular, pre, b, basis, singular)
 
     def affine(self, directions: torch.Tensor | None = None) -> torch.Tensor:
         """[A D, b] (m x (c + 1)): the pre-activations of inputs in the span of ``directions``
-        (B x c; all inputs when ``None``) and the bias, for affine halfspace fits."""
+        (B x c; all inputs when ``None``) and the bias, for affine halfspace fits ([A D] when
+        the geometry leaves the bias out)."""
         pre = self.pre if directions is None else self.pre @ directions
-        return torch.cat([pre, self.bias[:, None]], dim=1)
+        return torch.cat([pre, self.bias], dim=1)
 
     def to_search(self, columns: torch.Tensor) -> torch.Tensor:
         """Engine directions (c x B) in these coordinates, unit rows."""
