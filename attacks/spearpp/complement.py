@@ -150,15 +150,14 @@ def complement_columns(
     engine_left = geom.left / geom.singular
     # A missing sample's input lies in the complement, so its column's activity pattern is a
     # halfspace pattern there (an affine one: the bias is a column of the fit); a mix's, an
-    # intersection of several, is not. The
-    # mixes of sparse samples have far more zeros than a dense sample's column (measured on
-    # the quickstart's FedSGD client after 29 CIFAR-10 rounds: 100 against 34), so candidates
-    # are ranked by that agreement first and by their zeros only among equals.
+    # intersection of several, is not. The mixes of sparse samples have far more zeros than a
+    # dense sample's column (measured on the quickstart's FedSGD client after 29 CIFAR-10
+    # rounds: 100 against 34), so candidates are ranked by that agreement first and by their
+    # zeros only among equals.
     zero = zero_mask(engine_left, points, rule)
     zeros = zero.sum(dim=1).to(points.dtype)
-    # Many directions land on the same column: the agreement's halfspace fits (the costly part,
-    # 54 of 66 s on a sparsified m=1000 layer with 48 columns missing) run once per column, on
-    # its sparsest copy.
+    # Directions that land on the same column are fitted once, on its sparsest copy (the fits
+    # are the costly part: 54 of 66 s on a sparsified m=1000 layer with 48 columns missing).
     order = zeros.argsort(descending=True)
     points, zero, zeros = points[order], zero[order], zeros[order]
     same = ((points @ points.T).abs() > _SAME_COSINE).triu(diagonal=1)
