@@ -64,8 +64,7 @@ def zero_split(size: torch.Tensor, floor: int) -> tuple[torch.Tensor, torch.Tens
     # m / 8 neurons (a layer whose biases were shifted to fire each neuron for a tenth of the
     # samples; some samples fired one or two of 300) has its jump there, and only a jump as
     # large as a converged column's (round-off against its entries) counts there.
-    stop = max(m - lo, m)
-    jumps = logs[:, lo + 1 : stop] - logs[:, lo : stop - 1]
+    jumps = logs[:, lo + 1 :] - logs[:, lo:-1]
     inner = m - 2 * lo - 1
     sparse = jumps[:, inner:] - (_SPARSE_JUMP - _ZERO_JUMP)
     best, where = torch.cat([jumps[:, :inner], sparse], dim=1).max(dim=1)

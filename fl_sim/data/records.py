@@ -88,10 +88,12 @@ class RecordSet:
                 f"{self.records.shape}"
             )
         mirrors = np.ascontiguousarray(self.records[..., ::-1])
-        seen = {r.tobytes() for r in self.records}
-        new = np.asarray([m.tobytes() not in seen for m in mirrors], dtype=bool)
         # A symmetric image is its own mirror; two mirrors can also coincide.
-        new &= ~_repeated(mirrors)
+        seen = {r.tobytes() for r in self.records}
+        new = np.zeros(len(mirrors), dtype=bool)
+        for i, key in enumerate(m.tobytes() for m in mirrors):
+            new[i] = key not in seen
+            seen.add(key)
         return replace(
             self,
             records=np.concatenate([self.records, mirrors[new]]),
@@ -99,13 +101,3 @@ class RecordSet:
             source=f"{self.source}+mirrored",
         )
 
-
-def _repeated(records: np.ndarray) -> np.ndarray:
-    """True for every record equal to one earlier in ``records``."""
-    first: set[bytes] = set()
-    out = np.zeros(len(records), dtype=bool)
-    for i, r in enumerate(records):
-        key = r.tobytes()
-        out[i] = key in first
-        first.add(key)
-    return out
