@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attacks import SpearConfig, reconstruct
-from attacks.spearpp.signs import sign_search
+from attacks.spearpp.signs import null_step_rows, sign_search
 from tests.helpers import best_match_error, observation, sign_geometry
 
 SHARE = 0.1
@@ -36,3 +36,26 @@ def test_sparsified_batches_are_exact(seed: int) -> None:
     rec = reconstruct(**view, config=config)
     assert rec.status == "exact" and rec.batch_size == 32
     assert best_match_error(rec.inputs, x).max() < 1e-6
+
+
+def test_the_budget_stops_a_round_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A widened round on a sparse layer at m = 4000 once ran 240 s past its budget, which was
+    # checked only between rounds: chunks of starts (max_elements) are checked one by one.
+    import attacks.spearpp.engine as engine
+
+    view, _, _ = observation(32, 600, 0, depth=3, fire_share=SHARE)
+    chunks: list[int] = []
+
+    def counted(geom: object, starts: torch.Tensor, *args: object, **kwargs: object) -> object:
+        chunks.append(starts.shape[0])
+        return sign_search(geom, starts, *args, **kwargs)  # type: ignore[arg-type]
+
+    # The clock runs out once the first chunk is searched.
+    monkeypatch.setattr(engine, "sign_search", counted)
+    monkeypatch.setattr(engine, "_budget_clock", lambda kind: lambda: 1.0 if chunks else 0.0)
+    # The first round's null steps use null_step_rows(600, 32) rows: chunks of 2 starts.
+    rows = null_step_rows(600, 32)
+    config = SpearConfig(sign_starts=8, max_elements=2 * rows * 32, time_budget_s=0.5)
+    rec = reconstruct(**view, config=config)
+    assert chunks == [2]
+    assert rec.counts["sign_rounds"] == 1 and rec.counts["passes"] == 0

@@ -280,6 +280,7 @@ def _sign_rounds(
     """Rounds of the sign-consistency search until the pool is full, it stalls, or time is up;
     the number of rounds run and of starts they used."""
     pool, config = harvest.pool, harvest.config
+    m = harvest.left.shape[0]
     # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
     inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
     basis: torch.Tensor | None = None
@@ -297,17 +298,30 @@ def _sign_rounds(
             starts = random_starts(config.sign_starts * widen, batch_size, generator)
             found = geom.to_search(pool.columns) if len(pool) else None
             engine_rows = not harvest.rule.noise_std  # see sign_search
-            points = sign_search(
-                geom,
-                starts,
-                basis,
-                config.sign_iterations,
-                found,
-                null_step,
-                None,
-                engine_rows,
-                whole=_sparse_layer(pool, harvest.left.shape[0]),
-            )
+            whole = _sparse_layer(pool, m)
+            # Chunks of starts bound each product (max_elements) and let the budget be checked
+            # within a round: on the trap layer (whole zero sets) at m = 4000 and B = 64 a
+            # round ran to 443 s on a budget of 200 s.
+            rows = m if whole else null_step_rows(m, batch_size)
+            chunk = max(1, config.max_elements // (rows * batch_size))
+            parts = []
+            for begin in range(0, starts.shape[0], chunk):
+                parts.append(
+                    sign_search(
+                        geom,
+                        starts[begin : begin + chunk],
+                        basis,
+                        config.sign_iterations,
+                        found,
+                        null_step,
+                        None,
+                        engine_rows,
+                        whole=whole,
+                    )
+                )
+                if out_of_time():
+                    break
+            points = torch.cat(parts)
             if (
                 basis is not None
                 and found is not None
@@ -445,6 +459,8 @@ def run_spearpp(
             break
         passes += 1
         for offset in range(0, config.starts, chunk):
+            if offset and out_of_time():
+                break
             count = min(chunk, config.starts - offset)
             # Once columns are known, start orthogonal to all of them: uniform starts fall
             # mostly back into the large basins of columns already found.
