@@ -22,6 +22,7 @@ from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refine_kernel, refiner, zero_mask
 from attacks.spearpp.search import random_starts, run_search
 from attacks.spearpp.signs import (
+    IRLS_STEPS,
     SignGeometry,
     deflation_basis,
     fit_inputs,
@@ -64,6 +65,11 @@ _SPARSE_LAYER = 0.75
 # random steps away from them.
 _LAST_MIXES = 4
 _LAST_SPREADS = (0.2, 0.4, 0.6)
+# Multiply-adds of null steps per chunk of sign-search starts, between which the time budget
+# is checked: about 10 to 30 s on one core. Rounds at B = 1024 and m = 4000 (8 starts, 2000
+# rows each) and the last columns' searches at B = 256 (200 guesses on up to 2000 rows) ran
+# one product for many minutes past a 600 s budget.
+_CHUNK_WORK = 5e10
 
 
 class _Clock:
@@ -218,6 +224,7 @@ def _last_columns(
     null_step: str,
     generator: torch.Generator,
     engine_rows: bool,
+    out_of_time: Callable[[], bool],
 ) -> torch.Tensor:
     """Sign searches from the best guess of the few missing columns (search coordinates).
 
@@ -242,14 +249,55 @@ def _last_columns(
     guesses = torch.cat([complement.T, guesses, guesses.repeat(len(_LAST_SPREADS), 1) + steps])
     default = null_step_rows(m, b)
     counts = sorted({min(2 * b, default), default, (default + m // 2) // 2, m // 2})
-    return torch.cat(
-        [
-            sign_search(
-                geom, guesses, None, config.sign_iterations, found, null_step, rows, engine_rows
+    parts = [guesses[:0]]
+    for rows in counts:
+        if out_of_time():
+            break
+        parts.append(
+            _chunked_search(
+                geom, guesses, None, config, found, null_step, rows, engine_rows, out_of_time
             )
-            for rows in counts
-        ]
-    )
+        )
+    return torch.cat(parts)
+
+
+def _chunked_search(
+    geom: SignGeometry,
+    starts: torch.Tensor,
+    deflation: torch.Tensor | None,
+    config: SpearConfig,
+    found: torch.Tensor | None,
+    null_step: str,
+    rows: int | None,
+    engine_rows: bool,
+    out_of_time: Callable[[], bool],
+    whole: bool = False,
+) -> torch.Tensor:
+    """:func:`sign_search` over chunks of ``starts``, bounded by ``max_elements`` and
+    :data:`_CHUNK_WORK`, until the time budget is spent: the points of the chunks run."""
+    m, b = geom.left.shape
+    per_start = m if whole else (rows or null_step_rows(m, b))
+    work = config.sign_iterations * IRLS_STEPS * b * b * (per_start + b)
+    chunk = max(1, min(config.max_elements // (per_start * b), int(_CHUNK_WORK // work)))
+    parts = []
+    for begin in range(0, starts.shape[0], chunk):
+        part = starts[begin : begin + chunk]
+        parts.append(
+            sign_search(
+                geom,
+                part,
+                deflation,
+                config.sign_iterations,
+                found,
+                null_step,
+                rows,
+                engine_rows,
+                whole=whole,
+            )
+        )
+        if out_of_time():
+            break
+    return torch.cat(parts)
 
 
 def _complement_round(
@@ -280,7 +328,6 @@ def _sign_rounds(
     """Rounds of the sign-consistency search until the pool is full, it stalls, or time is up;
     the number of rounds run and of starts they used."""
     pool, config = harvest.pool, harvest.config
-    m = harvest.left.shape[0]
     # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
     inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
     basis: torch.Tensor | None = None
@@ -298,30 +345,18 @@ def _sign_rounds(
             starts = random_starts(config.sign_starts * widen, batch_size, generator)
             found = geom.to_search(pool.columns) if len(pool) else None
             engine_rows = not harvest.rule.noise_std  # see sign_search
-            whole = _sparse_layer(pool, m)
-            # Chunks of starts bound each product (max_elements) and let the budget be checked
-            # within a round: on the trap layer (whole zero sets) at m = 4000 and B = 64 a
-            # round ran to 443 s on a budget of 200 s.
-            rows = m if whole else null_step_rows(m, batch_size)
-            chunk = max(1, config.max_elements // (rows * batch_size))
-            parts = []
-            for begin in range(0, starts.shape[0], chunk):
-                parts.append(
-                    sign_search(
-                        geom,
-                        starts[begin : begin + chunk],
-                        basis,
-                        config.sign_iterations,
-                        found,
-                        null_step,
-                        None,
-                        engine_rows,
-                        whole=whole,
-                    )
-                )
-                if out_of_time():
-                    break
-            points = torch.cat(parts)
+            points = _chunked_search(
+                geom,
+                starts,
+                basis,
+                config,
+                found,
+                null_step,
+                None,
+                engine_rows,
+                out_of_time,
+                whole=_sparse_layer(pool, harvest.left.shape[0]),
+            )
             if (
                 basis is not None
                 and found is not None
@@ -331,7 +366,14 @@ def _sign_rounds(
                     [
                         points,
                         _last_columns(
-                            geom, basis, found, config, null_step, generator, engine_rows
+                            geom,
+                            basis,
+                            found,
+                            config,
+                            null_step,
+                            generator,
+                            engine_rows,
+                            out_of_time,
                         ),
                     ]
                 )

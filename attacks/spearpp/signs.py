@@ -43,7 +43,7 @@ from attacks.spearpp.refine import zero_split
 
 # Rows handed to the null step: at least this many per column of Q.
 _ROWS_PER_COLUMN = 3
-_IRLS_STEPS = 3
+IRLS_STEPS = 3
 # Final iterations without deflation.
 _FREE_ITERATIONS = 2
 # IRLS weights are capped where |L q| falls below this share of its largest entry.
@@ -201,7 +201,7 @@ def _null_step(
     if use is not None:
         mask = use.to(rows.dtype)
     weights = mask
-    for step in range(_IRLS_STEPS):
+    for step in range(IRLS_STEPS):
         if step:
             size = torch.einsum("krb,kb->kr", rows, q).abs()
             largest = size.amax(dim=1, keepdim=True)
