@@ -168,6 +168,21 @@ def _simulate(
 ) -> None:
     """The federation itself, in Flower's simulation engine: on ``flwr run`` (``runtime``
     ``flwr``), else in this process with ``run_simulation``."""
+    if runtime == FLWR:
+        with FlwrSimulation(scenario, run_dir, progress) as launcher:
+            _setup(scenario, run_dir, progress, runtime)
+            launcher.run()
+        return
+    _setup(scenario, run_dir, progress, runtime)
+    simulate(
+        make_server_app(scenario, run_dir, interruption, progress),
+        make_client_app(scenario),
+        scenario,
+    )
+
+
+def _setup(scenario: Scenario, run_dir: Path, progress: RunProgress | None, runtime: str) -> None:
+    """What runs where, in the log and above the progress."""
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
     why = "; ".join(legacy_reasons(scenario))
     setup = (
@@ -180,11 +195,3 @@ def _simulate(
         log.info("run_simulation, not flwr run: %s", why)
     if progress is not None:
         progress.note(setup)
-    if runtime == FLWR:
-        FlwrSimulation(scenario, run_dir, progress).run()
-        return
-    simulate(
-        make_server_app(scenario, run_dir, interruption, progress),
-        make_client_app(scenario),
-        scenario,
-    )

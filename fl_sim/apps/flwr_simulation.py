@@ -38,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import IO
 
 import fl_sim
@@ -276,6 +277,9 @@ class _Follower:
 class FlwrSimulation:
     """One run of ``scenario`` under ``flwr run`` with the simulation runtime.
 
+    Used as a context manager around what logs before the run too (``with FlwrSimulation(...)
+    as launcher: ...; launcher.run()``), so that a warning is shown once.
+
     Parameters
     ----------
     scenario
@@ -292,6 +296,21 @@ class FlwrSimulation:
         self.run_dir = run_dir.resolve()
         self.progress = progress
         self.run_id: int | None = None
+        self._seen = _Seen()
+
+    def __enter__(self) -> FlwrSimulation:
+        """From here on the warnings logged in this process are remembered: the ServerApp's
+        same warnings (the data it loads again, say) are not shown twice."""
+        logging.getLogger().addHandler(self._seen)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        logging.getLogger().removeHandler(self._seen)
 
     def run(self) -> None:
         """Run the federation and return when it ended; the SuperLink is stopped however it
@@ -334,9 +353,7 @@ class FlwrSimulation:
                     log.info("stopped the local SuperLink and its processes: %s", stopped)
 
     def _run(self, command: list[str], env: dict[str, str], out: IO[str], control: Path) -> None:
-        seen = _Seen()
-        logging.getLogger().addHandler(seen)
-        follower = _Follower(self.run_dir, control, self.progress, seen)
+        follower = _Follower(self.run_dir, control, self.progress, self._seen)
         proc = subprocess.Popen(
             command,
             env=env,
@@ -361,7 +378,6 @@ class FlwrSimulation:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-            logging.getLogger().removeHandler(seen)
 
     def _copy(self, stream: IO[str], out: IO[str]) -> None:
         """Flower's output into ``run.log``, without its colours, noting the run's id."""
