@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,26 +44,39 @@ def _raw(**tables: Any) -> dict[str, Any]:
 
 
 def _processes_naming(path: Path) -> list[str]:
-    """Command lines of the live processes that name ``path`` (the private FLWR_HOME of a
-    run lies under it)."""
+    """The live processes whose command line or environment names ``path``: the private
+    FLWR_HOME of a run lies under it, and every process Flower and its Ray start inherits
+    the environment that names it."""
     found = []
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
         try:
             args = (entry / "cmdline").read_bytes().decode(errors="replace")
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if entry.name.isdigit() and str(path) in args and state != "Z":
+        if state != "Z" and (str(path) in args or f"={path}" in environ):
             found.append(f"{entry.name}: {args.replace(chr(0), ' ')[:200]}")
     return found
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    """fl-sim's environment with its temporary folders (the private FLWR_HOME) under ``tmp``."""
-    tmp.mkdir(exist_ok=True)
+    """fl-sim's environment with its temporary folders (the private FLWR_HOME, Ray's session)
+    under ``tmp``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path: Ray puts its session's sockets under $TMPDIR, and
+    a socket's path must fit in 107 bytes (pytest's tmp_path does not)."""
+    path = Path(tempfile.mkdtemp(prefix="fls-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_flwr_runs_what_it_can_and_legacy_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,8 +132,6 @@ def test_a_failed_run_is_detected_and_its_superlink_stopped(
 ) -> None:
     """The ServerApp fails at its start (its scenario cannot be read): ``flwr run`` exits 0,
     the launcher reads the run's status and raises; nothing it started is left."""
-    import tempfile
-
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -139,16 +153,17 @@ def test_a_failed_run_is_detected_and_its_superlink_stopped(
 
 
 @pytest.mark.slow
-def test_fl_sim_run_on_flwr_run_end_to_end(tmp_path: Path) -> None:
+def test_fl_sim_run_on_flwr_run_end_to_end(tmp_path: Path, short_tmp: Path) -> None:
     """The quickstart's path with two clients and two rounds: the audit, the report and the
     terminal as under run_simulation; Flower's lines in run.log only; no SuperLink left."""
     config = tmp_path / "tiny.toml"
     config.write_text(TINY)
     run_dir = tmp_path / "run"
-    tmp = tmp_path / "tmp"
+    tmp = short_tmp
     done = subprocess.run(
         [sys.executable, "-m", "fl_sim.cli", "run", str(config), "--out", str(run_dir)],
         env=_env(tmp),
+        cwd=tmp_path,  # not the project's root: the app flwr run ships is fl-sim's package
         capture_output=True,
         text=True,
         timeout=900,
@@ -177,13 +192,13 @@ def test_fl_sim_run_on_flwr_run_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_run_and_its_superlink(tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_run_and_its_superlink(tmp_path: Path, short_tmp: Path) -> None:
     """Ctrl-C after round 1: the ServerApp stops at its next wait, the command prints the
     summary, builds the report and exits 130; nothing Flower started is left."""
     config = tmp_path / "tiny.toml"
     config.write_text(TINY.replace("rounds = 2", "rounds = 20"))
     run_dir = tmp_path / "run"
-    tmp = tmp_path / "tmp"
+    tmp = short_tmp
     proc = subprocess.Popen(
         [sys.executable, "-m", "fl_sim.cli", "run", str(config), "--out", str(run_dir)],
         env=_env(tmp),
@@ -197,6 +212,10 @@ def test_ctrl_c_stops_the_run_and_its_superlink(tmp_path: Path) -> None:
         while rundir.last_round(run_dir) < 1 and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
+        # What the check below looks for is there while the run goes: the SuperLink, its
+        # SuperExec, the simulation and its Ray.
+        running = _processes_naming(tmp)
+        assert len(running) >= 3, running
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=300)
     finally:
