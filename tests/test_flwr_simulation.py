@@ -21,6 +21,7 @@ import pytest
 
 from fl_sim import cli, rundir
 from fl_sim.apps.flwr_simulation import RuntimeChoiceError, choose_runtime, legacy_reasons
+from fl_sim.bench.proctree import stop_trees
 from fl_sim.config import parse_scenario
 from fl_sim.run import RunStoppedError, run_scenario
 from tests.processes import TWO_CLIENTS
@@ -76,7 +77,13 @@ def short_tmp() -> Iterator[Path]:
     a socket's path must fit in 107 bytes (pytest's tmp_path does not)."""
     path = Path(tempfile.mkdtemp(prefix="fls-", dir="/tmp"))
     yield path
+    _stop_leftovers(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop_leftovers(path: Path) -> None:
+    """Stop, by pid, what a failed test may have left of the processes naming ``path``."""
+    stop_trees([int(line.split(":")[0]) for line in _processes_naming(path)])
 
 
 def test_flwr_runs_what_it_can_and_legacy_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,13 +150,16 @@ def test_a_failed_run_is_detected_and_its_superlink_stopped(
 
     monkeypatch.setattr("fl_sim.run.write_scenario", broken)
     raw = tomllib.loads(TINY)
-    with pytest.raises(RunStoppedError) as stopped:
-        run_scenario(parse_scenario(raw), raw, tmp_path / "run", show_progress=False)
+    try:
+        with pytest.raises(RunStoppedError) as stopped:
+            run_scenario(parse_scenario(raw), raw, tmp_path / "run", show_progress=False)
+        assert not _processes_naming(tmp)
+    finally:
+        _stop_leftovers(tmp)
     assert stopped.value.exit_code == 1
     assert "ended finished:failed" in str(stopped.value), stopped.value
     log = (tmp_path / "run" / rundir.RUN_LOG).read_text()
     assert "Successfully started run" in log and "rounds" in log  # the ServerApp's error
-    assert not _processes_naming(tmp)
 
 
 @pytest.mark.slow
