@@ -109,8 +109,8 @@ def test_flwr_runs_what_it_can_and_legacy_the_rest(monkeypatch: pytest.MonkeyPat
         choose_runtime(cluster, "flwr")
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
     assert legacy_reasons(plain) == [
-        "a Ray cluster (10.0.0.2:6379, [cluster] address or $RAY_ADDRESS): flwr run's "
-        "simulation runtime starts a Ray of its own"
+        "a Ray cluster (10.0.0.2:6379, [cluster] address or $RAY_ADDRESS): Flower's "
+        "federation config takes no Ray address, and fl-sim has not tried flwr run on one"
     ]
     half = parse_scenario(_raw(resources={"client_cpus": 0.5}))
     with pytest.raises(RuntimeChoiceError, match="whole CPUs per client"):

@@ -135,17 +135,19 @@ def legacy_reasons(scenario: Scenario) -> list[str]:
     federation = scenario.federation
     if federation.secagg is not None:
         reasons.append(
-            "[federation.secagg] (SecAgg+) needs client mods fixed when the ClientApp is built"
+            "[federation.secagg] (SecAgg+) needs client mods fixed when the ClientApp is built, "
+            "which fl-sim's module-level ClientApp for flwr run does not choose"
         )
     if federation.central_dp is not None:
         reasons.append(
-            "[federation.central_dp] needs client mods fixed when the ClientApp is built"
+            "[federation.central_dp] needs client mods fixed when the ClientApp is built, "
+            "which fl-sim's module-level ClientApp for flwr run does not choose"
         )
     address = scenario.cluster.ray_address()
     if address != "local":
         reasons.append(
-            f"a Ray cluster ({address}, [cluster] address or $RAY_ADDRESS): flwr run's "
-            "simulation runtime starts a Ray of its own"
+            f"a Ray cluster ({address}, [cluster] address or $RAY_ADDRESS): Flower's "
+            "federation config takes no Ray address, and fl-sim has not tried flwr run on one"
         )
     if float(scenario.client_cpus) != int(scenario.client_cpus):
         reasons.append(
@@ -349,7 +351,11 @@ class FlwrSimulation:
                 try:
                     self._run(command, env, out, control)
                 finally:
-                    stopped = stop_superlink(home)
+                    try:
+                        stopped = stop_superlink(home)
+                    except KeyboardInterrupt:  # Ctrl-C again: it is stopped all the same
+                        stop_superlink(home)
+                        raise
                     log.info("stopped the local SuperLink and its processes: %s", stopped)
 
     def _run(self, command: list[str], env: dict[str, str], out: IO[str], control: Path) -> None:

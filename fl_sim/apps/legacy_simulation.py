@@ -5,8 +5,8 @@ federation, in this process, on Ray, for the scenarios Flower's supported path c
 (:mod:`fl_sim.apps.flwr_simulation`) unless the scenario has a federation-wide defence (SecAgg+,
 central DP: their client mods are fixed when the ClientApp is built, and the module-level
 ClientApp ``flwr run`` loads is built before any run config names the scenario), a Ray
-cluster to join (the simulation runtime starts its own Ray and takes no address) or a fraction
-of a CPU per client; or when ``--runtime legacy`` asks for this one
+cluster to join (Flower's federation config takes no Ray address; flwr run on a cluster is
+not tried) or a fraction of a CPU per client; or when ``--runtime legacy`` asks for this one
 (:func:`fl_sim.apps.flwr_simulation.choose_runtime`). The README ("fl-sim run on flwr run")
 gives what was measured.
 """
