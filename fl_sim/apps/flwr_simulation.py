@@ -8,7 +8,8 @@ names :mod:`fl_sim.apps.flower_app`'s ``server`` and ``client`` (so the installe
 what runs, whatever the working directory), and a control folder. It picks free ports for the
 SuperLink, runs ``flwr run APP fl-sim --stream`` with the run config ``run-dir`` (the run
 directory, whose ``scenario.json`` already holds the resolved scenario) and ``control-dir``,
-and the federation config ``num-supernodes`` and the clients' resources. Flower's output goes
+and the federation config ``num-supernodes`` and the clients' resources (``--federation-config``:
+Flower 1.42 deprecates ``options.*`` in a connection). Flower's output goes
 to the run's ``run.log``; the live progress is read off the run directory (``rounds.jsonl``,
 ``clients.jsonl``, ``audit.jsonl``) and the control folder (attacks queued, the ServerApp's
 warnings, shown once each); see :class:`fl_sim.apps.flower_app.LauncherLink`.
@@ -19,7 +20,7 @@ stop (its stop file; ``flwr stop`` if it does not within :data:`STOP_GRACE_S`). 
 outlives ``flwr run``: it is found by its private ``FLWR_HOME`` in its command line and stopped
 with every process it started, also those Ray left behind in its sessions, and nothing else.
 
-Scenarios this runtime cannot run (:func:`legacy_reasons`) stay on
+Scenarios fl-sim does not run on this runtime (:func:`legacy_reasons`) stay on
 :mod:`fl_sim.apps.legacy_simulation`; :func:`choose_runtime` decides.
 """
 
