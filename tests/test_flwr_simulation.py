@@ -20,8 +20,14 @@ from typing import Any
 import pytest
 
 from fl_sim import cli, rundir
-from fl_sim.apps.flwr_simulation import RuntimeChoiceError, choose_runtime, legacy_reasons
-from fl_sim.bench.proctree import stop_trees
+from fl_sim.apps.flwr_simulation import (
+    RuntimeChoiceError,
+    choose_runtime,
+    legacy_reasons,
+    stop_superlink,
+    superlink_pids,
+)
+from fl_sim.bench.proctree import descendants, stop_trees
 from fl_sim.config import parse_scenario
 from fl_sim.run import RunStoppedError, run_scenario
 from tests.processes import TWO_CLIENTS
@@ -240,3 +246,79 @@ def test_ctrl_c_stops_the_run_and_its_superlink(tmp_path: Path, short_tmp: Path)
     assert "asked the ServerApp to stop" in (run_dir / rundir.RUN_LOG).read_text()
     records = rundir.read_jsonl(run_dir / rundir.AUDIT)
     assert {r["round"] for r in records} <= set(range(1, last + 2))
+
+
+# A stand-in for a SuperLink: named flower-superlink with its FLWR_HOME in its command line, a
+# child leading a session of its own (as flower-superexec does) and, in that session, an
+# orphan whose parent exited (as Ray's workers outlive their raylet).
+# The orphan's parent: starts it and exits at once.
+_ORPHANS_PARENT = (
+    "import subprocess, sys; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])"
+)
+_LEADER = (
+    "import os, subprocess, sys, time\n"
+    f"subprocess.Popen([sys.executable, '-c', {_ORPHANS_PARENT!r}])\n"
+    "parent = os.getppid()\n"
+    "while os.getppid() == parent:  # ends with its parent, as flower-superexec does\n"
+    "    time.sleep(0.1)\n"
+)
+_FAKE_SUPERLINK = (
+    "import subprocess, sys, time\n"
+    f"subprocess.Popen([sys.executable, '-c', {_LEADER!r}], start_new_session=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_stop_superlink_stops_its_own_tree_and_sessions_and_nothing_else(tmp_path: Path) -> None:
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    procs = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-c", _FAKE_SUPERLINK, "flower-superlink", "--log-file"),
+                str(home / "local-superlink" / "superlink.log"),
+            ]
+        )
+        for home in (mine, other)
+    ]
+    try:
+        assert superlink_pids(mine) == [procs[0].pid]
+        # Wait for the session leader's orphan: the leader and it share the leader's session.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            leaders = [p for p in descendants(procs[0].pid) if _session(p) == p]
+            members = [
+                int(e.name)
+                for e in Path("/proc").iterdir()
+                if e.name.isdigit() and leaders and _session(int(e.name)) == leaders[0]
+            ]
+            orphans = [p for p in members if _alive(p) and p not in descendants(procs[0].pid)]
+            if orphans:
+                break
+            time.sleep(0.2)
+        assert orphans, "the stand-in's orphan never appeared"
+        stopped = stop_superlink(mine)
+        assert procs[0].pid in stopped and set(orphans) <= set(stopped) and leaders[0] in stopped
+        procs[0].wait(timeout=30)
+        assert not [p for p in stopped if _alive(p)]
+        assert procs[1].poll() is None and _alive(procs[1].pid)  # another's: left alone
+    finally:
+        for home in (mine, other):
+            stop_superlink(home)
+        for proc in procs:
+            proc.wait(timeout=30)
