@@ -21,6 +21,8 @@ import pytest
 
 from fl_sim import cli, rundir
 from fl_sim.apps.flwr_simulation import (
+    FlwrRunError,
+    FlwrSimulation,
     RuntimeChoiceError,
     choose_runtime,
     legacy_reasons,
@@ -322,3 +324,33 @@ def test_stop_superlink_stops_its_own_tree_and_sessions_and_nothing_else(tmp_pat
             stop_superlink(home)
         for proc in procs:
             proc.wait(timeout=30)
+
+
+class _Exited:
+    """A finished ``flwr run`` process, as far as the launcher's check reads it."""
+
+    def __init__(self, returncode: int) -> None:
+        self.returncode = returncode
+
+
+def test_the_check_after_flwr_run_trusts_neither_its_exit_status_nor_the_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``flwr run`` exits 0 for a failed run: the run's status decides, then the global
+    model the ServerApp saves last."""
+    launcher = FlwrSimulation(parse_scenario(_raw()), tmp_path, None)
+    env: dict[str, str] = {}
+    with pytest.raises(FlwrRunError, match="exited with status 0 without starting the run"):
+        launcher._check(_Exited(0), env)  # type: ignore[arg-type]
+    launcher.run_id = 7
+    with pytest.raises(FlwrRunError, match="exited with status 1 without finishing the run"):
+        launcher._check(_Exited(1), env)  # type: ignore[arg-type]
+    status = ("finished:failed", "Simulation failed with exception: boom")
+    monkeypatch.setattr(FlwrSimulation, "_status", lambda self, env: status)
+    with pytest.raises(FlwrRunError, match=r"run 7 ended finished:failed \(Simulation failed"):
+        launcher._check(_Exited(0), env)  # type: ignore[arg-type]
+    status = ("finished:completed", "N/A")
+    with pytest.raises(FlwrRunError, match="ServerApp ended without the global model"):
+        launcher._check(_Exited(0), env)  # type: ignore[arg-type]
+    (tmp_path / rundir.MODEL).write_bytes(b"")
+    launcher._check(_Exited(0), env)  # type: ignore[arg-type]
