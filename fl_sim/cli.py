@@ -190,8 +190,14 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"fl-sim run: {err}") from None
     try:
         run_dir = run_scenario(
-            scenario, resolved, Path(args.out) if args.out else None, show_progress=not args.quiet
+            scenario,
+            resolved,
+            Path(args.out) if args.out else None,
+            show_progress=not args.quiet,
+            runtime=args.runtime,
         )
+    except ConfigError as err:  # a runtime that cannot run the scenario: nothing ran
+        raise SystemExit(f"fl-sim run: {err}") from None
     except RunStoppedError as stopped:
         _print_summary(stopped.run_dir)
         print(
@@ -331,6 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a key, e.g. --set clients.3.defence=dp (repeatable)",
     )
     run.add_argument("--out", help="run directory (default: runs/NAME-TIME); never overwritten")
+    run.add_argument(
+        "--runtime",
+        choices=("auto", "flwr", "legacy"),
+        default="auto",
+        help="Flower runtime: flwr (flwr run with the simulation runtime), legacy (the "
+        "deprecated run_simulation, which SecAgg+, central DP and a Ray cluster need), auto "
+        "(flwr unless the scenario needs legacy; the default)",
+    )
     run.set_defaults(func=_run)
     audit = sub.add_parser(
         "audit", help="resume (or --redo) the audit of a run from its stored updates"

@@ -1,5 +1,10 @@
 """Running a scenario in Flower's simulation engine, into a fresh run directory.
 
+The federation runs on ``flwr run`` with the simulation runtime
+(:mod:`fl_sim.apps.flwr_simulation`) unless the scenario needs Flower's deprecated
+``run_simulation`` (:mod:`fl_sim.apps.legacy_simulation`: SecAgg+, central DP, a Ray cluster);
+:func:`~fl_sim.apps.flwr_simulation.choose_runtime` decides, or the caller forces one.
+
 However the run ends (every round done, Ctrl-C, an error) the directory gets its plots and
 ``report.html`` from what was recorded; a run that did not finish raises :class:`RunStoppedError`
 afterwards, naming its directory.
@@ -14,6 +19,14 @@ from typing import Any
 
 from fl_sim import rundir
 from fl_sim.apps.client import make_client_app
+from fl_sim.apps.flwr_simulation import (
+    AUTO,
+    FLWR,
+    RUNTIME_LABELS,
+    FlwrSimulation,
+    choose_runtime,
+    legacy_reasons,
+)
 from fl_sim.apps.interruption import Interruption
 from fl_sim.apps.legacy_simulation import simulate
 from fl_sim.apps.server import make_server_app
@@ -49,11 +62,17 @@ class RunStoppedError(Exception):
         self.exit_code = exit_code
 
 
-def write_scenario(run_dir: Path, scenario: Scenario, resolved: dict[str, Any]) -> None:
+def write_scenario(
+    run_dir: Path, scenario: Scenario, resolved: dict[str, Any], runtime: str | None = None
+) -> None:
     """``scenario.json``: the scenario as resolved (what ``fl-sim audit`` parses again to
-    resume) and as typed (every default filled in)."""
+    resume) and as typed (every default filled in); with ``runtime``, the Flower runtime
+    ``fl-sim run`` ran it on (``flwr`` or ``legacy``)."""
     typed = scenario.model_dump(mode="json")
-    rundir.write_json(run_dir / rundir.SCENARIO, {"resolved": resolved, "typed": typed})
+    written: dict[str, Any] = {"resolved": resolved, "typed": typed}
+    if runtime is not None:
+        written["runtime"] = runtime
+    rundir.write_json(run_dir / rundir.SCENARIO, written)
 
 
 def run_scenario(
@@ -61,9 +80,12 @@ def run_scenario(
     resolved: dict[str, Any],
     out: Path | None = None,
     show_progress: bool = True,
+    runtime: str = AUTO,
 ) -> Path:
     """Run ``scenario`` with Flower's Ray-backed simulation; returns the run directory.
     ``show_progress``: rounds and attacks on stderr as the run goes (:class:`RunProgress`).
+    ``runtime``: ``flwr`` (``flwr run`` with the simulation runtime), ``legacy``
+    (``run_simulation``) or ``auto`` (``flwr`` unless the scenario needs ``legacy``).
 
     The directory holds ``scenario.json`` (the resolved config), ``data.json`` (which dataset
     was actually used, its input shape, classes, value range and normalisation),
@@ -73,13 +95,16 @@ def run_scenario(
 
     Raises
     ------
+    fl_sim.apps.flwr_simulation.RuntimeChoiceError
+        Before anything ran, when ``runtime`` cannot run the scenario.
     RunStoppedError
         After Ctrl-C (the server stops at its next wait for replies; attacks in flight are
         recorded as interrupted) or an error, once the report was built from what was
         recorded.
     """
+    chosen = choose_runtime(scenario, runtime)
     run_dir = rundir.new_run_dir(out, scenario.name)
-    write_scenario(run_dir, scenario, resolved)
+    write_scenario(run_dir, scenario, resolved, chosen)
     handler = logging.FileHandler(run_dir / rundir.RUN_LOG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
@@ -90,7 +115,7 @@ def run_scenario(
         # The live display ends before the report is built and the summary printed.
         with progress if progress is not None else contextlib.nullcontext():
             try:
-                _simulate(scenario, run_dir, interruption, progress)
+                _simulate(scenario, run_dir, interruption, progress, runtime=chosen)
             except KeyboardInterrupt:
                 stopped = RunStoppedError(run_dir, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
             except Exception as err:
@@ -139,18 +164,34 @@ def _simulate(
     run_dir: Path,
     interruption: Interruption,
     progress: RunProgress | None,
+    runtime: str = FLWR,
 ) -> None:
-    """The federation itself, in Flower's simulation engine."""
-    data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
-    setup = (
-        f"{scenario.name}: {len(scenario.clients)} clients, {scenario.rounds} rounds, data "
-        f"{data.source}, Ray {scenario.cluster.ray_address()}; run directory {run_dir}"
-    )
-    log.info("run %s", setup)
-    if progress is not None:
-        progress.note(setup)
+    """The federation itself, in Flower's simulation engine: on ``flwr run`` (``runtime``
+    ``flwr``), else in this process with ``run_simulation``."""
+    if runtime == FLWR:
+        with FlwrSimulation(scenario, run_dir, progress) as launcher:
+            _setup(scenario, run_dir, progress, runtime)
+            launcher.run()
+        return
+    _setup(scenario, run_dir, progress, runtime)
     simulate(
         make_server_app(scenario, run_dir, interruption, progress),
         make_client_app(scenario),
         scenario,
     )
+
+
+def _setup(scenario: Scenario, run_dir: Path, progress: RunProgress | None, runtime: str) -> None:
+    """What runs where, in the log and above the progress."""
+    data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
+    why = "; ".join(legacy_reasons(scenario))
+    setup = (
+        f"{scenario.name}: {len(scenario.clients)} clients, {scenario.rounds} rounds, data "
+        f"{data.source}, Ray {scenario.cluster.ray_address()}, on {RUNTIME_LABELS[runtime]}; "
+        f"run directory {run_dir}"
+    )
+    log.info("run %s", setup)
+    if runtime != FLWR and why:
+        log.info("run_simulation, not flwr run: %s", why)
+    if progress is not None:
+        progress.note(setup)

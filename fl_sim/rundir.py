@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# The scenario as resolved and as typed (``{"resolved": ..., "typed": ...}``).
+# The scenario as resolved and as typed (``{"resolved": ..., "typed": ...}``), and under
+# ``fl-sim run`` the Flower runtime it ran on (``"runtime"``: ``flwr`` or ``legacy``).
 SCENARIO = "scenario.json"
 # An audit of one's own Flower app (AuditedStrategy), in place of a scenario: its settings,
 # attacked layer, input shape, normalisation and seed.

@@ -21,8 +21,8 @@ DATE_FORMAT = "%H:%M:%S"
 KNOWN_NOTICES = (
     # fl-sim evaluates the global model on the server (RunRecorder.evaluate), not on the clients.
     "fraction_evaluate is set to 0.0",
-    # fl-sim run's simulation path, kept in fl_sim.apps.legacy_simulation: see the README
-    # ("Why fl-sim run uses run_simulation").
+    # fl-sim run's legacy runtime, kept in fl_sim.apps.legacy_simulation: see the README
+    # ("fl-sim run on flwr run").
     "DEPRECATED FEATURE: The `run_simulation` function is deprecated",
 )
 # Loggers whose INFO lines are set-up chatter: alembic migrates Flower's state database (one

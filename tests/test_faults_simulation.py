@@ -64,8 +64,9 @@ def _faulty_clients(scenario: Scenario) -> ClientApp:
 def test_diverging_crashing_and_garbage_clients_are_recorded_and_left_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Faulty clients built in this process: the legacy runtime's (flwr run builds its own).
     monkeypatch.setattr("fl_sim.run.make_client_app", _faulty_clients)
-    run_dir = run_scenario(parse_scenario(SMALL), SMALL, tmp_path / "run")
+    run_dir = run_scenario(parse_scenario(SMALL), SMALL, tmp_path / "run", runtime="legacy")
     assert [r["round"] for r in _rows(run_dir / "rounds.jsonl")] == [0, 1, 2]
     clients = {(c["round"], c["client"]): c for c in _rows(run_dir / "clients.jsonl")}
     statuses = {key: c["status"] for key, c in clients.items()}
@@ -122,7 +123,9 @@ def _group_alive(pgid: int) -> bool:
 
 
 def test_ctrl_c_writes_the_summary_and_report_and_exits_130(tmp_path: Path) -> None:
-    """Ctrl-C at a terminal: SIGINT to the command's whole process group (Ray's too)."""
+    """Ctrl-C at a terminal: SIGINT to the command's whole process group (Ray's too), on the
+    legacy runtime, whose Ray runs in that group (on flwr run:
+    tests/test_flwr_simulation.py, slow)."""
     config = tmp_path / "long.toml"
     config.write_text(
         'rounds = 50\n[data]\nsource = "photos"\nsamples_per_client = 20\ntest_size = 40\n'
@@ -132,6 +135,7 @@ def test_ctrl_c_writes_the_summary_and_report_and_exits_130(tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "fl_sim.cli", "-q", "run", str(config), "--out", str(run_dir)]
+    command += ["--runtime", "legacy"]
     proc = subprocess.Popen(
         command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

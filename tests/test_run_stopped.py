@@ -27,7 +27,11 @@ def _stopping_after_round_one(error: BaseException) -> Any:
     """A stand-in for the simulation that records round 1 (client 1 diverged), then stops."""
 
     def simulate(
-        scenario: Scenario, run_dir: Path, interruption: Interruption, progress: Any
+        scenario: Scenario,
+        run_dir: Path,
+        interruption: Interruption,
+        progress: Any,
+        runtime: str = "flwr",
     ) -> None:
         rounds = [{"round": r, "test_loss": 2.3, "test_accuracy": 0.1} for r in (0, 1)]
         (run_dir / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))

@@ -1,12 +1,14 @@
 """The one place fl-sim calls Flower's deprecated ``run_simulation``: ``fl-sim run``'s
-federation, in this process, on Ray.
+federation, in this process, on Ray, for the scenarios Flower's supported path cannot run.
 
-Flower's supported path, ``flwr run`` with the simulation runtime, runs the same apps
-(:mod:`fl_sim.apps.flower_app`, ``flwr run .``), but as a FAB handed to a SuperLink whose
-ServerApp runs in another process: the scenario with ``--set`` overrides, the live progress,
-Ctrl-C with its summary and the federation-wide defences (whose client mods are fixed when
-the ClientApp is built) do not cross that boundary today. The README ("Why fl-sim run uses
-run_simulation") gives what was measured.
+``fl-sim run`` runs its federation on ``flwr run`` with the simulation runtime
+(:mod:`fl_sim.apps.flwr_simulation`) unless the scenario has a federation-wide defence (SecAgg+,
+central DP: their client mods are fixed when the ClientApp is built, and the module-level
+ClientApp ``flwr run`` loads is built before any run config names the scenario), a Ray
+cluster to join (Flower's federation config takes no Ray address; flwr run on a cluster is
+not tried) or a fraction of a CPU per client; or when ``--runtime legacy`` asks for this one
+(:func:`fl_sim.apps.flwr_simulation.choose_runtime`). The README ("fl-sim run on flwr run")
+gives what was measured.
 """
 
 from __future__ import annotations

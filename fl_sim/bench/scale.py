@@ -162,7 +162,9 @@ def run_scale(
             f"audit.enabled={'true' if run.audit else 'false'}",
             *overrides,
         ]
-        args = [sys.executable, "-m", "fl_sim.cli", "-q", "run", str(config)]
+        # run_simulation: the federation in the command's own process tree, which is what is
+        # measured (flwr run's SuperLink and simulation run detached from it).
+        args = [sys.executable, "-m", "fl_sim.cli", "-q", "run", str(config), "--runtime", "legacy"]
         args += [a for s in sets for a in ("--set", s)] + ["--out", str(run_dir)]
         measured = measure_command(args, out / f"{name}.log", timeout_s)
         row = {"clients": run.clients, "audit": run.audit, **measured, **run_facts(run_dir)}
