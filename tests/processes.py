@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,6 @@ starts = 500
 steps = 500
 max_passes = 2
 """
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at the moment (on 127.0.0.1)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Processes:

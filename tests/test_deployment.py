@@ -14,8 +14,9 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from fl_sim.apps.flower_app import partition_id
+from fl_sim.apps.flwr_simulation import free_port
 from fl_sim.config import parse_scenario
-from tests.processes import TWO_CLIENTS, VENV_BIN, Processes, free_port
+from tests.processes import TWO_CLIENTS, VENV_BIN, Processes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = 'name = "deployed"\n' + TWO_CLIENTS

@@ -16,13 +16,14 @@ from flwr.app import ArrayRecord
 from sklearn.datasets import load_digits
 from torch import nn
 
+from fl_sim.apps.flwr_simulation import free_port
 from fl_sim.audit.audited import AuditedStrategy, AuditError, find_layer
 from fl_sim.audit.auditor import Auditor
 from fl_sim.cli import main
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.normalize import Normalization
 from strategies import InterceptedUpdate
-from tests.processes import VENV_BIN, Processes, free_port
+from tests.processes import VENV_BIN, Processes
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
 # The example's normalisation and test split (its own module, not fl-sim's).

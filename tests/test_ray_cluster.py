@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import TWO_CLIENTS, VENV_BIN, Processes, free_port
+from fl_sim.apps.flwr_simulation import free_port
+from tests.processes import TWO_CLIENTS, VENV_BIN, Processes
 
 SCENARIO = (
     'name = "on-cluster"\n'

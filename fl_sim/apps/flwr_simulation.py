@@ -44,7 +44,7 @@ from typing import IO
 
 import fl_sim
 from fl_sim import rundir
-from fl_sim.bench.proctree import descendants, stop_trees
+from fl_sim.bench.proctree import descendants, session_id, stop_trees
 from fl_sim.config.load import ConfigError
 from fl_sim.config.schema import Scenario
 from fl_sim.progress import RunProgress
@@ -504,15 +504,6 @@ class FlwrSimulation:
         return env
 
 
-def _session(pid: int) -> int | None:
-    """The session id of ``pid`` (None if it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(text[text.rfind(")") + 2 :].split()[3])
-
-
 def superlink_pids(home: Path) -> list[int]:
     """The ``flower-superlink`` processes whose command line names ``home`` (the private
     ``FLWR_HOME`` whose ``local-superlink`` folder holds its log and database).
@@ -558,14 +549,14 @@ def stop_superlink(home: Path) -> list[int]:
     """
     roots = superlink_pids(home)
     tree = {pid for root in roots for pid in descendants(root)}
-    sessions = {pid for pid in tree if _session(pid) == pid}
+    sessions = {pid for pid in tree if session_id(pid) == pid}
     orphans = [
         int(entry.name)
         for entry in Path("/proc").iterdir()
         if sessions
         and entry.name.isdigit()
         and int(entry.name) not in tree
-        and _session(int(entry.name)) in sessions
+        and session_id(int(entry.name)) in sessions
     ]
     stop_trees(roots + orphans)
     return sorted(tree | set(orphans))

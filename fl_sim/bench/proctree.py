@@ -32,6 +32,12 @@ def _identity(pid: int) -> tuple[int, int] | None:
     return None if fields is None else (pid, int(fields[19]))
 
 
+def session_id(pid: int) -> int | None:
+    """The session id of ``pid`` (None if it is gone)."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[3])
+
+
 def descendants(root: int) -> list[int]:
     """``root`` and every live process below it (zombies left out), parents first."""
     children: dict[int, list[int]] = {}
