@@ -44,6 +44,8 @@ from attacks.spearpp.refine import zero_split
 # Rows handed to the null step: at least this many per column of Q.
 _ROWS_PER_COLUMN = 3
 IRLS_STEPS = 3
+# Final iterations whose labels split at each point's jump (the earlier ones at the median).
+JUMP_ITERATIONS = 4
 # Final iterations without deflation.
 _FREE_ITERATIONS = 2
 # IRLS weights are capped where |L q| falls below this share of its largest entry.
@@ -123,22 +125,43 @@ def _input_space(geom: SignGeometry, found: torch.Tensor | None) -> torch.Tensor
 
 
 def _inactive_rows(
-    left: torch.Tensor, basis: torch.Tensor, q: torch.Tensor, count: int, whole: bool
+    left: torch.Tensor,
+    basis: torch.Tensor,
+    q: torch.Tensor,
+    count: int,
+    whole: bool,
+    at_jump: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """For each point (K x B), the ``count`` rows its fitted halfspace pattern (the labels'
-    projection onto ``basis``) rates most inactive among those labelled inactive (K x count),
-    and which of them are labelled inactive (K x count: a point may have fewer such rows).
-    With ``whole``, every row (K x m), and a point at a jump of its sizes uses all its zeros.
+    projection onto ``basis``) rates most inactive (K x count), and which of them the null
+    step uses (K x count). With ``whole``, every row (K x m), and a point at a jump of its
+    sizes uses all its zeros.
 
-    Rows labelled active are never used: at a true column the labels are exact, so its null
-    step sees only true zeros and the column stays a fixed point whatever the fit's errors,
-    as long as its rows pin it. On a sparse layer the deepest ``count`` do not: with biases
-    shifted to fire each neuron for a tenth of the samples they are inactive for nearly every
-    sample, a sample active on one or two neurons is null on them too, and only 1 of 24 true
-    columns (m = 300) stayed a fixed point; with all its zeros every one does.
+    Without ``at_jump`` the labels split at the median, or at the point's jump where that
+    marks more rows inactive (sparse layers' samples leave 90% of them inactive), and every
+    picked row is used: the fit corrects labels, so rows labelled active that it rates deeply
+    inactive are taken too. This is what moves a point off a mix of columns, whose shared
+    zeros (fewer than either column's) are exact zeros as well.
+
+    With ``at_jump`` the labels split at each point's own jump (see ``zero_split``), and rows
+    labelled active are never used: at a true column the labels are exact, so its null step
+    sees only true zeros and the column stays a fixed point whatever the fit's errors, as long
+    as its rows pin it (trained networks' samples leave a third to two thirds of the neurons
+    inactive, so a median split mislabels them). Only in the last iterations: from the first
+    one on, it made mixes fixed points too, and at B = 256, m = 4000 rounds of 8 starts found
+    1 to 3 columns instead of 6 to 8. On a sparse layer the deepest ``count`` rows do not pin
+    a column: with biases shifted to fire each neuron for a tenth of the samples they are
+    inactive for nearly every sample, a sample active on one or two neurons is null on them
+    too, and only 1 of 24 true columns (m = 300) stayed a fixed point; with all its zeros
+    every one does.
     """
     size = (q @ left.T).abs()
     split, jumped = zero_split(size, q.shape[1])
+    if not at_jump:
+        split = torch.maximum(split, size.median(dim=1, keepdim=True).values)
+        labels = torch.where(size < split, -1.0, 1.0).to(size.dtype)
+        rows = ((labels @ basis) @ basis.T).argsort(dim=1)[:, :count]
+        return rows, torch.ones_like(rows, dtype=torch.bool)
     labels = torch.where(size < split, -1.0, 1.0).to(size.dtype)
     pre_act = (labels @ basis) @ basis.T
     # Labelled-active rows go last: their fitted values are shifted past every inactive one.
@@ -279,7 +302,8 @@ def sign_search(
     fit_space = _input_space(geom, found)
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype)
     for it in range(iterations):
-        picked, use = _inactive_rows(geom.left, fit_space, q, count, whole)
+        at_jump = whole or it >= iterations - JUMP_ITERATIONS
+        picked, use = _inactive_rows(geom.left, fit_space, q, count, whole, at_jump)
         deflate = complement if it < iterations - _FREE_ITERATIONS else None
         v = torch.nn.functional.normalize(q * scale, dim=1)
         v = _null_step(step_rows[picked], v, deflate, NULL_STEPS[null_step], use)
