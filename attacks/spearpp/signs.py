@@ -159,11 +159,11 @@ def _inactive_rows(
     split, jumped = zero_split(size, q.shape[1])
     if not at_jump:
         split = torch.maximum(split, size.median(dim=1, keepdim=True).values)
-        labels = torch.where(size < split, -1.0, 1.0).to(size.dtype)
-        rows = ((labels @ basis) @ basis.T).argsort(dim=1)[:, :count]
-        return rows, torch.ones_like(rows, dtype=torch.bool)
     labels = torch.where(size < split, -1.0, 1.0).to(size.dtype)
     pre_act = (labels @ basis) @ basis.T
+    if not at_jump:
+        rows = pre_act.argsort(dim=1)[:, :count]
+        return rows, torch.ones_like(rows, dtype=torch.bool)
     # Labelled-active rows go last: their fitted values are shifted past every inactive one.
     shift = 2 * pre_act.abs().amax(dim=1, keepdim=True) + 1
     rows = (pre_act + shift * (labels > 0)).argsort(dim=1)
