@@ -16,6 +16,7 @@ from attacks.spearpp.factor import (
     fit_bulk,
     mp_median,
 )
+from attacks.spearpp.inputs import FLOAT32_PRECISION
 from tests.helpers import observation
 
 
@@ -52,6 +53,34 @@ def test_float32_gradient_uses_its_precision() -> None:
     gw = _gradient(20, 200, 300, 0).float().double()
     fac = factorise(gw, batch_size=None, noise_std=None, precision=1.2e-5, generator=_gen())
     assert fac.batch_size == 20
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_float32_weak_samples_count_and_the_round_off_is_measured(seed: int) -> None:
+    """A float32 gradient whose weakest samples (a trained network's well-classified ones)
+    sit below 100 float32 epsilons of s_1 but far above the round-off's own bulk: they count,
+    and the round-off's level is read off the tail (it sets the zero tolerances)."""
+    b, m, n = 20, 200, 3072
+    gen = torch.Generator().manual_seed(seed)
+    strength = torch.logspace(0, -3, b - 2, dtype=torch.float64)
+    strength = torch.cat([strength, torch.tensor([4e-6, 2e-6], dtype=torch.float64)])
+    up = torch.randn(b, m, generator=gen, dtype=torch.float64) * strength[:, None]
+    up = up * (torch.rand(b, m, generator=gen) > 0.5)
+    x = torch.randn(b, n, generator=gen, dtype=torch.float64)
+    exact = up.T @ x
+    gw = (up.float().T @ x.float()).double()  # the float32 client's round-off
+    fac = factorise(
+        gw, batch_size=None, noise_std=None, precision=FLOAT32_PRECISION, generator=_gen()
+    )
+    assert (fac.batch_size, fac.method) == (b, "float-rank")
+    assert fac.noise_std == 0.0 and not fac.undeclared_noise
+    # The bulk's std against the round-off actually in the gradient (it is not i.i.d.: what
+    # matters is its order of magnitude).
+    actual = float((gw - exact).std())
+    assert 0.2 * actual < fac.roundoff_std < 5 * actual
+    assert "float32 round-off" in fac.note
+    float64 = factorise(exact, batch_size=None, noise_std=None, precision=1e-9, generator=_gen())
+    assert float64.roundoff_std == 0.0 and float64.batch_size == b
 
 
 @pytest.mark.parametrize("seed", range(3))
