@@ -106,6 +106,18 @@ def _bench_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretraining_options(group: argparse._ArgumentGroup, default_steps: int | None) -> None:
+    """--pretrain-steps, --pretrain-lr and --pretrain-batch (see :class:`Pretraining`)."""
+    group.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=default_steps,
+        help="SGD steps before the client's round (0: none)",
+    )
+    group.add_argument("--pretrain-lr", type=float, default=0.05)
+    group.add_argument("--pretrain-batch", type=int, default=32, help="images per SGD step")
+
+
 def _bench_sweep(args: argparse.Namespace) -> int:
     from fl_sim.bench.sweep import SweepPlan, run_sweep
 
@@ -123,12 +135,21 @@ def _bench_sweep(args: argparse.Namespace) -> int:
             for m, b, s in zip(widths, starts, steps, strict=True)
         ]
         attack = SpearConfig(time_budget_s=args.time_budget)
+        pretrain = Pretraining(args.pretrain_steps, args.pretrain_lr, args.pretrain_batch)
     except ValueError as err:
         raise SystemExit(f"fl-sim bench sweep: {err}") from None
     data = bench_data(args.data, args.split)
     out = results_folder(args.out, "sweep")
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    limits = run_sweep(plans, data, out, seeds=seeds, attack=attack, command=command_line())
+    limits = run_sweep(
+        plans,
+        data,
+        out,
+        seeds=seeds,
+        attack=attack,
+        command=command_line(),
+        pretrain=pretrain,
+    )
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, sweep.json, rows.jsonl, limit.png); limits {limits}")
     return 0
@@ -432,14 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds per reconstruction after which no new pass starts",
     )
-    trained = attack.add_argument_group(
-        "pre-training: attack every case on a trained network (SGD on other images of --data)"
+    _pretraining_options(
+        attack.add_argument_group(
+            "pre-training: attack every case on a trained network (SGD on other images of --data)"
+        ),
+        default_steps=None,
     )
-    trained.add_argument(
-        "--pretrain-steps", type=int, help="SGD steps before the client's round (0: none)"
-    )
-    trained.add_argument("--pretrain-lr", type=float, default=0.05)
-    trained.add_argument("--pretrain-batch", type=int, default=32, help="images per SGD step")
     attack.add_argument("--out", help="results folder (default: bench/runs/attack-PRESET-TIME)")
     attack.set_defaults(func=_bench_attack)
     sweep = bench.add_parser(
@@ -453,6 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--split", choices=("train", "test"), default="test")
     sweep.add_argument("--time-budget", type=float, default=600.0, help="seconds per attack")
     sweep.add_argument("--out", help="results folder (default: bench/runs/sweep-TIME)")
+    _pretraining_options(
+        sweep.add_argument_group(
+            "pre-training: sweep trained networks (SGD on other images of --data), for the "
+            "limit plot's trained line"
+        ),
+        default_steps=0,
+    )
     sweep.set_defaults(func=_bench_sweep)
     limits = bench.add_parser(
         "limits", help="join sweeps run apart (one width each) into one table and plot"

@@ -142,7 +142,8 @@ def test_cli_noise_blind_dp_case(tmp_path: Path) -> None:
 
 
 def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
-    from fl_sim.bench.sweep import SweepPlan, run_sweep
+    from fl_sim.bench.pretrain import Pretraining
+    from fl_sim.bench.sweep import AT_INIT, SweepPlan, run_sweep
 
     data = real_images()
     limits = run_sweep(
@@ -162,12 +163,30 @@ def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
 
     from fl_sim.bench.sweep import combine_sweeps
 
-    joined = combine_sweeps([tmp_path / "miss", tmp_path / "ok"], tmp_path / "both")
-    assert joined == {60: None, 100: 12}
+    # A trained network's sweep at the same width is its own series, beside the first.
+    trained = run_sweep(
+        [SweepPlan(100, 4, 4, 8)],
+        data,
+        tmp_path / "trained",
+        seeds=(0,),
+        attack=SpearConfig(),
+        pretrain=Pretraining(steps=20),
+    )
+    assert trained == {100: 8}
+    rows = [json.loads(line) for line in (tmp_path / "trained" / "rows.jsonl").open()]
+    assert all(r["pretrain"]["steps"] == 20 for r in rows)
+
+    joined = combine_sweeps(
+        [tmp_path / "trained", tmp_path / "miss", tmp_path / "ok"], tmp_path / "both"
+    )
+    network = "trained 20 SGD steps (lr 0.05)"
+    assert joined == {AT_INIT: {60: None, 100: 12}, network: {100: 8}}
+    assert list(joined) == [AT_INIT, network]  # initialisation first, whatever the order given
     table = (tmp_path / "both" / "summary.md").read_text()
-    assert table.count("Measured ") == 2 and "m=60: none, m=100: 12" in table
+    assert table.count("Measured ") == 3 and f"{AT_INIT}: m=60: none, m=100: 12" in table
+    assert f"{network}: m=100: 8" in table and f"| {network} | 100 | 8 |" in table
     assert (tmp_path / "both" / "limit.png").stat().st_size > 0
-    with pytest.raises(ValueError, match="m=100 was swept in more than one"):
+    with pytest.raises(ValueError, match=r"m=100 \(at initialisation\) was swept in more"):
         combine_sweeps([tmp_path / "ok", tmp_path / "ok"], tmp_path / "twice")
 
 

@@ -4,8 +4,10 @@ For each width m, B grows from a start by a step until the share of exact sample
 seeds falls below the threshold (a B stops at the first seeds that settle it); the largest B
 that met it is the width's limit. Rows are appended to ``rows.jsonl`` as they finish,
 ``sweep.json`` and ``summary.md`` are rewritten after each B, and ``limit.png`` plots the limits
-against m beside the paper's rows.
-:func:`combine_sweeps` joins sweeps run apart (one width per process) into one table and plot.
+against m beside the paper's rows. A sweep runs at initialisation or, with a
+:class:`Pretraining`, on networks trained first.
+:func:`combine_sweeps` joins sweeps run apart (one width per process, at initialisation and
+trained) into one table and plot, one line per network.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from attacks import SpearConfig
 from fl_sim.bench.attack import aggregate, run_case
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.machine import hardware, measured_on
+from fl_sim.bench.pretrain import Pretraining
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
 
 log = logging.getLogger(__name__)
+
+AT_INIT = "at initialisation"
 
 # The SPEAR++ paper's depth-6 rows (B, m, share exact with its best optimiser), for the plot.
 PAPER_POINTS: tuple[tuple[int, int, float], ...] = (
@@ -56,17 +61,28 @@ class SweepPlan:
             )
 
 
-def _plot(limits: dict[int, int | None], path: Path) -> None:
-    """Left: the limit B against m beside the paper's rows; right: B/m against m, where the
-    paper observes a slowly falling ratio."""
+def network_label(pretrain: Pretraining) -> str:
+    """How a sweep's networks were trained, as its series is named."""
+    if not pretrain.steps:
+        return AT_INIT
+    return f"trained {pretrain.steps} SGD steps (lr {pretrain.lr:g})"
+
+
+def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
+    """Left: the limit B against m beside the paper's rows, one line per network (at
+    initialisation, trained); right: B/m against m, where the paper observes a slowly falling
+    ratio."""
     fig = Figure(figsize=(11, 4.2))
     ax, ratio = fig.subplots(1, 2, gridspec_kw={"wspace": 0.3})
-    measured = sorted((m, b) for m, b in limits.items() if b)
-    if measured:
-        ax.plot(*zip(*measured, strict=True), "o-", label="fl-sim: largest B with >= 90% exact")
-        ratio.plot(
-            [m for m, _ in measured], [b / m for m, b in measured], "o-", label="fl-sim limit"
-        )
+    widths: list[int] = []
+    for k, (network, limits) in enumerate(series.items()):
+        widths += list(limits)
+        measured = sorted((m, b) for m, b in limits.items() if b)
+        if not measured:
+            continue
+        style = "o-" if network == AT_INIT else ("s--", "^:", "d-.")[k % 3]
+        ax.plot(*zip(*measured, strict=True), style, label=f"fl-sim, {network}")
+        ratio.plot([m for m, _ in measured], [b / m for m, b in measured], style, label=network)
         for m, b in measured:
             ax.annotate(f"B={b}", (m, b), textcoords="offset points", xytext=(4, -12))
     for b, m, share in PAPER_POINTS:
@@ -79,16 +95,16 @@ def _plot(limits: dict[int, int | None], path: Path) -> None:
     ax.set_xlabel("width m of the first layer")
     ax.set_ylabel("batch size B")
     ax.margins(y=0.15)
-    ax.set_title("Batch-size limit of exact reconstruction (depth 6)")
+    ax.set_title("Batch-size limit of exact reconstruction (>= 90% exact, depth 6)")
     ratio.set_xlabel("width m of the first layer")
     ratio.set_ylabel("B / m")
     ratio.set_title("The limit as a share of the width")
     ratio.set_ylim(bottom=0)
     for axis in (ax, ratio):
-        axis.set_xlim(0, 1.1 * max([m for _, m, _ in PAPER_POINTS] + list(limits)))
-    ratio.legend(loc="lower left")
-    if measured:
-        ax.legend(loc="upper left")
+        axis.set_xlim(0, 1.1 * max([m for _, m, _ in PAPER_POINTS] + widths))
+    ratio.legend(loc="lower left", fontsize="small")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", fontsize="small")
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
@@ -101,18 +117,34 @@ def run_sweep(
     attack: SpearConfig,
     threshold: float = 0.9,
     command: str = "",
+    pretrain: Pretraining | None = None,
 ) -> dict[int, int | None]:
     """Run the sweep of every plan; the largest B meeting ``threshold`` per width (``None``
-    when even the start missed it)."""
+    when even the start missed it). With ``pretrain`` every network is trained first (each
+    seed its own, the attacked batch kept out)."""
     out.mkdir(parents=True, exist_ok=True)
     norm = Normalization()
-    meta = {"hardware": hardware(), "data": data.source, "command": command, "seeds": seeds}
+    pretrain = pretrain or Pretraining()
+    network = network_label(pretrain)
+    meta = {
+        "hardware": hardware(),
+        "data": data.source,
+        "command": command,
+        "seeds": seeds,
+        "network": network,
+    }
     limits: dict[int, int | None] = {}
     steps: list[dict[str, Any]] = []
     for plan in plans:
         limits[plan.width] = None
         for b in range(plan.start, plan.stop + 1, plan.step):
-            case = AttackCase(f"sweep B={b} m={plan.width}", b, plan.width, attack=attack)
+            case = AttackCase(
+                f"sweep B={b} m={plan.width}{pretrain.label}",
+                b,
+                plan.width,
+                attack=attack,
+                pretrain=pretrain,
+            )
             rows = []
             for k, seed in enumerate(seeds):
                 row = run_case(case, seed, data, norm, torch.float64)
@@ -124,7 +156,12 @@ def run_sweep(
                 exact = sum(r["share_exact"] * r["samples"] for r in rows)
                 if (exact + b * (len(seeds) - k - 1)) / (b * len(seeds)) < threshold:
                     break
-            summary = {"width": plan.width, "batch_size": b, **aggregate(rows)}
+            summary = {
+                "network": network,
+                "width": plan.width,
+                "batch_size": b,
+                **aggregate(rows),
+            }
             steps.append(summary)
             passed = summary["share_exact_samples"] >= threshold
             log.info(
@@ -140,69 +177,84 @@ def run_sweep(
             (out / "sweep.json").write_text(
                 json.dumps({"meta": meta, "limits": limits, "steps": steps}, indent=2)
             )
-            (out / "summary.md").write_text(_markdown(limits, steps, [meta], threshold))
-            _plot(limits, out / "limit.png")
+            (out / "summary.md").write_text(_markdown({network: limits}, steps, [meta], threshold))
+            _plot({network: limits}, out / "limit.png")
             if not passed:
                 break
     return limits
 
 
-def combine_sweeps(folders: list[Path], out: Path, threshold: float = 0.9) -> dict[int, int | None]:
+def combine_sweeps(
+    folders: list[Path], out: Path, threshold: float = 0.9
+) -> dict[str, dict[int, int | None]]:
     """One table (``summary.md``), ``sweep.json`` and ``limit.png`` from the ``sweep.json`` of
-    sweeps run apart; each keeps its own hardware line and command.
+    sweeps run apart; each keeps its own hardware line and command. The limits per network
+    (sweeps from before networks were trained count as at initialisation), then per width.
 
     Raises
     ------
     ValueError
-        When two folders swept the same width.
+        When two folders swept the same width on the same kind of network.
     """
-    limits: dict[int, int | None] = {}
+    series: dict[str, dict[int, int | None]] = {}
     steps: list[dict[str, Any]] = []
     metas: list[dict[str, Any]] = []
     for folder in folders:
         part = json.loads((folder / "sweep.json").read_text())
+        network = part["meta"].get("network", AT_INIT)
+        limits = series.setdefault(network, {})
         for width, b in part["limits"].items():
             if int(width) in limits:
-                raise ValueError(f"m={width} was swept in more than one of {folders}")
+                raise ValueError(f"m={width} ({network}) was swept in more than one of {folders}")
             limits[int(width)] = b
-        steps += part["steps"]
+        steps += [{"network": network, **s} for s in part["steps"]]
         metas.append(part["meta"])
-    limits = dict(sorted(limits.items()))
-    steps.sort(key=lambda s: (s["width"], s["batch_size"]))
+    series = {k: dict(sorted(v.items())) for k, v in sorted(series.items(), key=_init_first)}
+    steps.sort(key=lambda s: (s["network"] != AT_INIT, s["network"], s["width"], s["batch_size"]))
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(
-        json.dumps({"metas": metas, "limits": limits, "steps": steps}, indent=2)
+        json.dumps({"metas": metas, "limits": series, "steps": steps}, indent=2)
     )
-    (out / "summary.md").write_text(_markdown(limits, steps, metas, threshold))
-    _plot(limits, out / "limit.png")
-    return limits
+    (out / "summary.md").write_text(_markdown(series, steps, metas, threshold))
+    _plot(series, out / "limit.png")
+    return series
+
+
+def _init_first(item: tuple[str, Any]) -> tuple[bool, str]:
+    return item[0] != AT_INIT, item[0]
 
 
 def _measured(meta: dict[str, Any]) -> str:
     return (
         f"Measured {meta['finished']} on {measured_on(meta['hardware'])}, data "
-        f"`{meta['data']}`, seeds {list(meta['seeds'])}; command: `{meta['command']}`"
+        f"`{meta['data']}`, networks {meta.get('network', AT_INIT)}, seeds "
+        f"{list(meta['seeds'])}; command: `{meta['command']}`"
     )
 
 
 def _markdown(
-    limits: dict[int, int | None],
+    series: dict[str, dict[int, int | None]],
     steps: list[dict[str, Any]],
     metas: list[dict[str, Any]],
     threshold: float,
 ) -> str:
     lines = [
         *(f"{_measured(meta)}.\n" for meta in metas),
-        f"Largest B with >= {threshold:.0%} of samples exact (PSNR >= 100 dB): "
-        + ", ".join(f"m={m}: {b if b else 'none'}" for m, b in limits.items()),
+        *(
+            f"Largest B with >= {threshold:.0%} of samples exact (PSNR >= 100 dB), {network}: "
+            + ", ".join(f"m={m}: {b if b else 'none'}" for m, b in limits.items())
+            for network, limits in series.items()
+        ),
         "",
-        "| m | B | seeds run | exact | s mean | factorise / search / refine / select+solve s |",
-        "|---|---|---|---|---|---|",
+        "| network | m | B | seeds run | exact | s mean "
+        "| factorise / search / refine / select+solve s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for s in steps:
         st = s["stage_seconds_mean"]
         lines.append(
-            f"| {s['width']} | {s['batch_size']} | {','.join(map(str, s['seeds']))} | "
+            f"| {s.get('network', AT_INIT)} | {s['width']} | {s['batch_size']} | "
+            f"{','.join(map(str, s['seeds']))} | "
             f"{100 * s['share_exact_samples']:.1f}% | "
             f"{s['seconds_mean']:.1f} | "
             + " / ".join(f"{st.get(k, 0.0):.1f}" for k in ("factorise", "search", "refine"))
