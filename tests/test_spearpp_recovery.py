@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -180,3 +182,26 @@ def test_trained_float32_clients_are_recovered_near_exactly(seed: int, arrays: s
         assert rec.status == "exact" and int(rec.certified.sum()) == 20
     else:
         assert score.share_near_exact >= 0.85
+
+
+@pytest.mark.parametrize(("over_edge", "faint"), [(0.0, True), (2000.0, True), (300.0, False)])
+def test_the_search_rows_follow_how_faint_the_noise_is(over_edge: float, faint: bool) -> None:
+    """Rows of U where the weakest sample stands 1000 times above the noise's edge (a float32
+    client's weight round-off: 1,800 to 12,000), rows of U S where DP noise is nearer (230 to
+    280 at sigma=1e-6, B=150, m=4000, where rows of U lost a seed); none: rows of U."""
+    from attacks.spearpp.engine import _faint_noise
+    from attacks.spearpp.factor import Factorisation
+
+    m, n, b = 400, 600, 10
+    s = torch.linspace(10.0, 1.0, b, dtype=torch.float64)
+    edge = math.sqrt(m - b) + math.sqrt(n - b)
+    std = float(s[-1]) / (over_edge * edge) if over_edge else 0.0
+    fac = Factorisation(
+        left=torch.zeros(m, b, dtype=torch.float64),
+        right=torch.zeros(b, n, dtype=torch.float64),
+        singular_values=s,
+        batch_size=b,
+        method="noise-bulk" if std else "float-rank",
+        noise_std=std,
+    )
+    assert _faint_noise(fac, n) is faint
