@@ -80,11 +80,17 @@ def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
         measured = sorted((m, b) for m, b in limits.items() if b)
         if not measured:
             continue
-        style = "o-" if network == AT_INIT else ("s--", "^:", "d-.")[k % 3]
-        ax.plot(*zip(*measured, strict=True), style, label=f"fl-sim, {network}")
-        ratio.plot([m for m, _ in measured], [b / m for m, b in measured], style, label=network)
+        init = network == AT_INIT
+        style = "o-" if init else ("s--", "^:", "d-.")[k % 3]
+        # Trained networks' markers are hollow and larger: they often sit on the init ones.
+        look = {} if init else {"mfc": "none", "ms": 10}
+        ax.plot(*zip(*measured, strict=True), style, label=f"fl-sim, {network}", **look)
+        ratio.plot(
+            [m for m, _ in measured], [b / m for m, b in measured], style, label=network, **look
+        )
         for m, b in measured:
-            ax.annotate(f"B={b}", (m, b), textcoords="offset points", xytext=(4, -12))
+            below = (4, -12) if init else (4, 6)
+            ax.annotate(f"B={b}", (m, b), textcoords="offset points", xytext=below)
     for b, m, share in PAPER_POINTS:
         ax.plot(m, b, "x", color="grey")
         ax.annotate(
