@@ -89,8 +89,8 @@ def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
             [m for m, _ in measured], [b / m for m, b in measured], style, label=network, **look
         )
         for m, b in measured:
-            below = (4, -12) if init else (4, 6)
-            ax.annotate(f"B={b}", (m, b), textcoords="offset points", xytext=below)
+            text, offset = (f"B={b}", (4, -12)) if init else (f"trained: {b}", (8, -26))
+            ax.annotate(text, (m, b), textcoords="offset points", xytext=offset, fontsize="small")
     for b, m, share in PAPER_POINTS:
         ax.plot(m, b, "x", color="grey")
         ax.annotate(
