@@ -128,8 +128,9 @@ class _Harvester:
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.settled_last = 0
         # Null steps on rows of U rather than U S (see sign_search): without noise, and under
-        # a float32 gradient's round-off alone (trained B=50, m=1000, 1000 SGD steps: 0 of 50
-        # columns in 117 s on rows of U S, all 50 in 2 s on rows of U); set by the engine.
+        # a float32 gradient's round-off alone (trained B=50, m=1000, 1000 SGD steps: no
+        # sample near-exact after 117 s on rows of U S, all 50 in 2 s on rows of U); set by
+        # the engine (see _faint_noise).
         self.engine_rows = True
         self._pair_tried = self._last_tried = False
         # The last column's stand-in when its zeros do not pin it (see LastColumn).

@@ -47,7 +47,7 @@ UNDECLARED_FACTOR = 1.5
 # A float32 gradient's singular values below its precision floor count as samples where they
 # clear this many times the edge of the round-off's bulk beyond the floor's rank. The bulk of
 # a float32 gradient's own round-off is no Marchenko-Pastur one (its top reaches 1.6 times the
-# fitted edge); weak samples of trained networks stood 6 to 10,000 times above it.
+# fitted edge); weak samples of trained networks stood 6 to 30,000 times above it.
 ROUNDOFF_EDGE_FACTOR = 4.0
 
 

@@ -336,7 +336,7 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     # Backtracking without host round trips: every step size is tried at once, the largest
     # that meets Armijo's condition kept, none where none does (the loss never rises). The full
     # Newton step is nearly always taken: 4 sizes gave the same fits as 20 on every call of
-    # a B=100, m=4000 attack, at a fifth of the line search's cost.
+    # a B=100, m=4000 attack, and the fits took a third less time.
     sizes = 0.5 ** torch.arange(_LINE_SEARCH_SIZES, dtype=pre.dtype, device=pre.device)
     h = sizes[:, None, None]
     for _ in range(MARGIN_NEWTON_STEPS):
