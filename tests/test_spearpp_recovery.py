@@ -204,4 +204,4 @@ def test_the_search_rows_follow_how_faint_the_noise_is(over_edge: float, faint: 
         method="noise-bulk" if std else "float-rank",
         noise_std=std,
     )
-    assert _faint_noise(fac, n) is faint
+    assert _faint_noise(fac) is faint

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -402,7 +401,7 @@ def _sign_rounds(
     return rounds, starts_run
 
 
-def _faint_noise(fac: Factorisation, n: int) -> bool:
+def _faint_noise(fac: Factorisation) -> bool:
     """Whether the noise, if any, is too faint to steer the sign search: the weakest sample's
     singular value stands ``_FAINT_NOISE`` times above the noise's edge. Its null steps then
     run on rows of U (see ``sign_search``'s ``engine_rows``).
@@ -414,12 +413,8 @@ def _faint_noise(fac: Factorisation, n: int) -> bool:
     network has trained 300 SGD steps its search on rows of U S found 69.5% of samples
     near-exact (10 seeds), on rows of U 98.5%.
     """
-    b = fac.batch_size
-    if not fac.noise_std:
-        return True
-    m = fac.left.shape[0]
-    edge = fac.noise_std * (math.sqrt(m - b) + math.sqrt(n - b))
-    return float(fac.singular_values[b - 1]) >= _FAINT_NOISE * edge
+    weakest = float(fac.singular_values[fac.batch_size - 1])
+    return not fac.noise_std or weakest >= _FAINT_NOISE * fac.noise_edge
 
 
 def _budget_clock(kind: str) -> Callable[[], float]:
@@ -499,7 +494,7 @@ def run_spearpp(
     pool = ColumnPool(b, device, spares=2 * b, same_cosine=rule.same_column_cosine)
     search_left = left.to(getattr(torch, config.search_dtype))
     harvest = _Harvester(left, search_left, rule, config, pool, clock, generator)
-    harvest.engine_rows = _faint_noise(fac, obs.input_dim)
+    harvest.engine_rows = _faint_noise(fac)
     if not rule.noise_std:
         harvest.inputs = (fac.right, obs.grad_bias, obs.weight, obs.bias)
 

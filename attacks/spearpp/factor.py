@@ -51,6 +51,12 @@ UNDECLARED_FACTOR = 1.5
 ROUNDOFF_EDGE_FACTOR = 4.0
 
 
+def bulk_edge(std: float, rows: int, cols: int) -> float:
+    """Top edge of the singular values of a ``rows`` x ``cols`` matrix of i.i.d. entries of
+    ``std``: std (sqrt(rows) + sqrt(cols))."""
+    return std * (math.sqrt(rows) + math.sqrt(cols))
+
+
 def mp_median(rows: int, cols: int) -> float:
     """Median singular value of a ``rows`` x ``cols`` matrix of i.i.d. unit-variance entries
     (the Marchenko-Pastur law, by quadrature)."""
@@ -130,7 +136,7 @@ def fit_bulk(
 
     def fit(r: int) -> tuple[float, float]:
         std = math.sqrt(max(float(tails[r]), 0.0) / ((m - r) * (n - r)))
-        return std, std * (math.sqrt(m - r) + math.sqrt(n - r))
+        return std, bulk_edge(std, m - r, n - r)
 
     full = min(m, n)
     if rank is None:
@@ -232,6 +238,12 @@ class Factorisation:
     note: str = ""
     roundoff_std: float = 0.0
 
+    @property
+    def noise_edge(self) -> float:
+        """Top edge of the bulk of ``noise_std`` beyond B_hat (0 without noise)."""
+        m, n = self.left.shape[0], self.right.shape[1]
+        return bulk_edge(self.noise_std, m - self.batch_size, n - self.batch_size)
+
     def report(self) -> dict[str, Any]:
         """The fields of :class:`attacks.result.Reconstruction` this factorisation fills."""
         return {
@@ -323,6 +335,7 @@ def factorise(
         raise AttackInputError(f"noise_std={noise_std!r}: must be a finite number >= 0")
     declared = float(noise_std or 0.0)
     noisy = bool(declared)
+    float32 = precision >= FLOAT32_PRECISION
     k = min(full, (batch_size or 112) + _OVERSAMPLE)
     bulk: NoiseBulk | None = None
     # A float32 gradient's round-off, fitted as a bulk beyond the rank (see roundoff_std).
@@ -342,14 +355,14 @@ def factorise(
             bulk = fit if fit.consistent and fit.edge > floor else None
             break
         if not declared and float(s[-1]) <= floor:
-            if precision >= FLOAT32_PRECISION and not noisy:
+            if float32 and not noisy:
                 # float32 round-off is noise to the columns of weak samples (see
                 # Factorisation.roundoff_std): the factors need the power iterations noise gets.
                 noisy = True
                 generator.set_state(state)
                 continue
             rank, method, threshold = int((s > floor).sum()), "float-rank", floor
-            if precision >= FLOAT32_PRECISION and rank < k:
+            if float32 and rank < k:
                 # Weak samples of a trained network sit below the floor but far above the
                 # round-off's own bulk (B=50, m=1000, 1000 SGD steps: two at 5.6e-6 and 1.7e-6
                 # of s_1, the bulk's top at 2.8e-7): they count where they clear its edge.
@@ -368,7 +381,7 @@ def factorise(
             continue
         bulk = fit if fit.consistent and fit.edge > floor else None
         if declared and not (bulk is not None and bulk.std > UNDECLARED_FACTOR * declared):
-            threshold = NOISE_EDGE_FACTOR * declared * (math.sqrt(m) + math.sqrt(n))
+            threshold = NOISE_EDGE_FACTOR * bulk_edge(declared, m, n)
             rank, method = int((s > threshold).sum()), "noise-edge"
             if rank < k - _OVERSAMPLE or at_full:
                 break

@@ -340,16 +340,15 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     sizes = 0.5 ** torch.arange(_LINE_SEARCH_SIZES, dtype=pre.dtype, device=pre.device)
     h = sizes[:, None, None]
     for _ in range(MARGIN_NEWTON_STEPS):
-        current = pre @ p
-        slack = (1 - current * sign).clamp_min(0)
+        raw = 1 - (pre @ p) * sign
+        slack = raw.clamp_min(0)
         grad = -2 * pre.T @ (sign * slack) + 2 * _MARGIN_RIDGE * p
         hess = 2 * torch.einsum("jb,jc,jd->cbd", pre, (slack > 0).to(pre.dtype), pre)
         # The ridge makes every Hessian positive definite: no error check (a host sync) needed.
         chol = torch.linalg.cholesky_ex(hess + 2 * _MARGIN_RIDGE * eye, check_errors=False)[0]
         step = torch.cholesky_solve(grad.T.unsqueeze(-1), chol).squeeze(-1).T
-        # The slack at p - h step is slack_0 + h (sign * A step): one product for all h.
+        # The slack at p - h step is max(0, raw + h sign * A step): one product for all h.
         before = slack.square().sum(0) + _MARGIN_RIDGE * p.square().sum(0)
-        raw = 1 - current * sign
         rate = sign * (pre @ step)
         after = (raw + h * rate).clamp_min(0).square().sum(1)
         after = after + _MARGIN_RIDGE * (p - h * step).square().sum(1)  # sizes x c
