@@ -8,9 +8,9 @@ import torch
 from attacks.spearpp.isolate import isolated_samples, with_isolated
 
 
-def _layer(seed: int, traps: int, b: int = 12, m: int = 300, n: int = 64) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
-]:
+def _layer(
+    seed: int, traps: int, b: int = 12, m: int = 300, n: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A first layer whose first ``traps`` neurons each fire for sample 0 only; the gradient
     of a batch through it with random upstream gradients (float64)."""
     g = torch.Generator().manual_seed(seed)

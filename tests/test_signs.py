@@ -61,8 +61,6 @@ def test_deflation_basis_is_exact_for_true_inputs(seed: int) -> None:
     )
 
 
-
-
 def test_search_lands_on_true_columns() -> None:
     # The iteration is chaotic (where a start lands changes with the thread count's round-off),
     # so the count is taken over several batches.
