@@ -88,6 +88,23 @@ def test_deflation_steers_to_unfound_columns(seed: int) -> None:
     assert (cos[landed].argmax(dim=1) >= 8).all()
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_free_iterations_end_the_deflation(seed: int) -> None:
+    """Every iteration free: the deflation changes nothing; none free: every point stays in
+    the complement of the (here exact) found inputs, so none lands on a found column."""
+    geom, truth, _ = sign_geometry(16, 300, seed)
+    inputs = torch.linalg.inv(truth.T)
+    found = torch.arange(8)
+    basis = deflation_basis(torch.nn.functional.normalize(truth[found]), inputs[found])
+    starts = random_starts(8, 16, torch.Generator().manual_seed(seed))
+    free = sign_search(geom, starts, basis, iterations=8, free_iterations=8)
+    assert torch.equal(free, sign_search(geom, starts, None, iterations=8))
+    bound = sign_search(geom, starts, basis, iterations=8, free_iterations=0)
+    # In the complement: q . p_k = 0 for every found sample k, as for every unfound column.
+    outside = (bound @ inputs[found].T).abs().amax(dim=1)
+    assert bool((outside < 1e-9).all())
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_input_restriction_finds_the_last_similar_columns(seed: int) -> None:
     # Depth 2: the two most similar columns (same-label samples) are left unfound; mixes of

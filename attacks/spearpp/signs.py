@@ -46,8 +46,14 @@ _ROWS_PER_COLUMN = 3
 IRLS_STEPS = 3
 # Final iterations whose labels split at each point's jump (the earlier ones at the median).
 JUMP_ITERATIONS = 4
-# Final iterations without deflation.
-_FREE_ITERATIONS = 2
+# Final iterations without deflation. The found samples' input estimates are 12 to 20 degrees
+# off at m / B of 5 to 7 (max-margin fits of B + 1 coordinates to m signs), so the complement
+# they leave misses the unfound columns by several degrees; points need these iterations to
+# reach them. Measured (bench/results/README.md, "what limits the sign search"): rounds with
+# estimated inputs at m=200, B=40 found 10 to 12 of 40 columns with 2, 27 to 35 with 4; the
+# engine at m=1000, B=150, seed 0, 39 of 150 columns in 250 s with 2, all 150 in 196 s with 4
+# (with exact inputs, deflation finds every column either way).
+FREE_ITERATIONS = 4
 # IRLS weights are capped where |L q| falls below this share of its largest entry.
 _IRLS_FLOOR = 1e-6
 # Inverse iteration of the null step: solves, shift relative to the mean eigenvalue, and the
@@ -254,6 +260,7 @@ def sign_search(
     rows: int | None = None,
     engine_rows: bool = True,
     whole: bool = False,
+    free_iterations: int = FREE_ITERATIONS,
 ) -> torch.Tensor:
     """Iterate labels and null steps from ``starts`` (K x B, search coordinates).
 
@@ -285,6 +292,8 @@ def sign_search(
         Points at a jump null-step on all their zeros, not ``rows`` of them: for sparse layers,
         where a few rows pin no column (see ``_inactive_rows``); it costs m / ``rows`` times
         the null steps' work.
+    free_iterations
+        The last iterations, run without ``deflation``.
 
     Returns
     -------
@@ -304,7 +313,7 @@ def sign_search(
     for it in range(iterations):
         at_jump = whole or it >= iterations - JUMP_ITERATIONS
         picked, use = _inactive_rows(geom.left, fit_space, q, count, whole, at_jump)
-        deflate = complement if it < iterations - _FREE_ITERATIONS else None
+        deflate = complement if it < iterations - free_iterations else None
         v = torch.nn.functional.normalize(q * scale, dim=1)
         v = _null_step(step_rows[picked], v, deflate, NULL_STEPS[null_step], use)
         q = torch.nn.functional.normalize(v / scale, dim=1)
@@ -371,8 +380,8 @@ def halfspace_agreement(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor
     return (fitted == active).to(pre.dtype).mean(dim=1)
 
 
-def deflation_basis(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-    """Orthonormal basis (B x F) of the found samples' input coordinates, made consistent.
+def consistent_inputs(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Estimates of the found samples' input coordinates, made consistent (F x B).
 
     Parameters
     ----------
@@ -391,6 +400,12 @@ def deflation_basis(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
     outside = full[:, g.shape[1] :]
     p = inputs.T
     along = (dual * p).sum(0) / dual.square().sum(0)
-    consistent = outside @ (outside.T @ p) + dual * along
-    basis: torch.Tensor = torch.linalg.qr(consistent).Q
+    consistent: torch.Tensor = (outside @ (outside.T @ p) + dual * along).T
+    return consistent
+
+
+def deflation_basis(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis (B x F) of the found samples' input coordinates, made consistent (see
+    :func:`consistent_inputs`)."""
+    basis: torch.Tensor = torch.linalg.qr(consistent_inputs(columns, inputs).T).Q
     return basis
