@@ -57,6 +57,12 @@ def test_exact_inputs_deflate_to_every_column_and_estimates_are_off() -> None:
     assert bool((cos < 1 - 1e-6).all()) and bool((cos > 0.5).all())
 
 
+def test_an_unknown_kind_of_inputs_is_named() -> None:
+    _, truth = _truth(6, 60, 0)
+    with pytest.raises(ValueError, match="inputs='true': allowed are estimated, exact"):
+        deflated_rounds(truth, "true", per_round=4, patience=1, generator=torch.Generator())
+
+
 def test_cli_writes_rows_and_summary(tmp_path: Path) -> None:
     real_images()
     out = tmp_path / "reach"

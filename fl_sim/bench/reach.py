@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from attacks import SpearConfig
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import PRECISION_FLOOR
 from attacks.spearpp.signs import (
@@ -55,6 +56,8 @@ _ZERO = 1e-10
 # Starts per sign_search call: bounds the memory of one call.
 _CHUNK = 50
 INPUTS = ("estimated", "exact")
+# The engine's sign iterations per start.
+_ITERATIONS = SpearConfig().sign_iterations
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def truth_of(view: dict[str, torch.Tensor], images: torch.Tensor, norm: Normaliz
 
 def _search(truth: Truth, starts: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     parts = [
-        sign_search(truth.geom, starts[i : i + _CHUNK], iterations=14, **kwargs)
+        sign_search(truth.geom, starts[i : i + _CHUNK], iterations=_ITERATIONS, **kwargs)
         for i in range(0, starts.shape[0], _CHUNK)
     ]
     return torch.nn.functional.normalize(torch.cat(parts), dim=1)
@@ -151,22 +154,24 @@ def deflated_rounds(
     patience: int,
     generator: torch.Generator,
     free_iterations: int = FREE_ITERATIONS,
-) -> list[dict[str, float]]:
+) -> list[dict[str, float | None]]:
     """Rounds of ``per_round`` random starts deflating the columns found so far, until
     ``patience`` rounds in a row find none or all are found; per round, the columns found and
-    the median angle (degrees) between the deflation's input coordinates and the truth."""
+    the median angle (degrees) between the deflation's input coordinates and the truth (None
+    before any column is found). ``inputs``: one of :data:`INPUTS`."""
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs={inputs!r}: allowed are {', '.join(INPUTS)}")
     b = truth.columns.shape[0]
     found = torch.zeros(b, dtype=torch.bool)
-    history: list[dict[str, float]] = []
+    history: list[dict[str, float | None]] = []
     idle = 0
     while idle < patience and not bool(found.all()):
         index = found.nonzero().flatten()
         deflation = columns = None
-        error = math.nan
+        error = None
         if len(index):
             columns = truth.columns[index]
-            exact = truth.inputs[index]
-            coords = exact if inputs == "exact" else estimated_inputs(truth, index)
+            coords = truth.inputs[index] if inputs == "exact" else estimated_inputs(truth, index)
             deflation = torch.linalg.qr(coords.T).Q
             error = float(_angles(coords, truth.inputs[index]).median())
         starts = torch.nn.functional.normalize(
@@ -251,7 +256,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         basins = " / ".join(f"{v:.0%}" for v in r["basins"].values())
         for free in sorted(int(k.rsplit("free", 1)[1]) for k in r if k.startswith("rounds_exact")):
             est, exact = r[f"rounds_estimated_free{free}"], r[f"rounds_exact_free{free}"]
-            errors = [h["input_error_deg"] for h in est if not math.isnan(h["input_error_deg"])]
+            errors = [h["input_error_deg"] for h in est if h["input_error_deg"] is not None]
             error = f"{errors[0]:.1f} / {errors[-1]:.1f}" if errors else "-"
             lines.append(
                 f"| {r['batch_size']} | {r['width']} | {r['pretrain_steps']} | {r['seed']} | "
