@@ -287,6 +287,8 @@ def run_reach(
         "per_round": per_round,
         "patience": patience,
     }
+    # Written first: a run stopped midway keeps its rows' settings and hardware.
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
     rows: list[dict[str, Any]] = []
     for case in cases:
         for seed in case.seeds:
@@ -295,5 +297,4 @@ def run_reach(
             with (out / "rows.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             (out / "summary.md").write_text(markdown(rows, meta))
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return rows
