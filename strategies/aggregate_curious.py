@@ -108,4 +108,25 @@ class AggregateCurious(LegacyWrapper):
             sent_bias=sent_bias,
             weight=arrays[w],
             bias=arrays[b],
+            trained_at=single_trained_layer([sent[proxy.node_id] for proxy, _ in results]),
         )
+
+
+def never_fires(weight: np.ndarray, bias: np.ndarray) -> bool:
+    """Whether a ReLU layer's neurons are inactive for every input: each pre-activation is
+    then its bias, and the layer's gradient is zero for every sample."""
+    return not weight.any() and bool((bias <= 0).all())
+
+
+def single_trained_layer(
+    layers: list[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The one layer the clients whose layer can train were sent (float64), or ``None``
+    (see :attr:`InterceptedAggregate.trained_at`)."""
+    live = [layer for layer in layers if not never_fires(*layer)]
+    if not live:
+        return None
+    weight, bias = live[0]
+    if any(not (np.array_equal(w, weight) and np.array_equal(b, bias)) for w, b in live[1:]):
+        return None
+    return weight.astype(np.float64), bias.astype(np.float64)

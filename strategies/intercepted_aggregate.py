@@ -34,6 +34,13 @@ class InterceptedAggregate:
         its own), which is what the sum would be had no client trained.
     weight, bias
         The layer of the aggregate.
+    trained_at
+        The layer every summed client whose layer can train was sent, where they were all sent
+        the same one: the weights the sum's gradient was taken at. A layer that never fires
+        (zero weights, no positive bias) leaves its clients' updates of it zero, so a server
+        that sends it to all but one client (``isolate``) attacks the target's layer, not the
+        weighted average of the sent ones. ``None`` where those clients were sent different
+        layers (or none can train): then no single layer explains the sum.
     """
 
     server_round: int
@@ -45,3 +52,4 @@ class InterceptedAggregate:
     sent_bias: np.ndarray
     weight: np.ndarray
     bias: np.ndarray
+    trained_at: tuple[np.ndarray, np.ndarray] | None

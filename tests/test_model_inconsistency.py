@@ -31,6 +31,7 @@ from clients.tamper_check import ACTIVE, DEAD, check_first_layer
 from fl_sim.config import ConfigError, parse_scenario
 from fl_sim.run import run_scenario
 from strategies import AggregateCurious, InterceptedAggregate, LegacyTampering
+from strategies.aggregate_curious import never_fires, single_trained_layer
 from strategies.behaviours import BEHAVIOURS, behaviour_settings
 from strategies.behaviours.isolate import DEAD_BIAS
 
@@ -196,6 +197,11 @@ def test_the_legacy_wrapper_sends_each_proxy_its_model_and_the_sum_is_the_target
             assert np.allclose(got, honest[i] - LR * mean, rtol=0, atol=1e-12)
         aggregate = seen[-1]
         gradient = (aggregate.sent_weight - aggregate.weight) / LR
+        # Both rounds' sums were trained at the honest layer alone (round 2's other clients
+        # were sent a dead one), not at the average of the layers sent.
+        assert aggregate.trained_at is not None
+        assert np.array_equal(aggregate.trained_at[0], honest[0])
+        assert np.array_equal(aggregate.trained_at[1], honest[1])
         if server_round == 2:  # the sum's first layer: the target's gradient, weighted
             share = EXAMPLES[TARGET] / total
             assert np.allclose(gradient, share * grads[TARGET][0], rtol=0, atol=1e-12)
@@ -244,3 +250,18 @@ def test_through_secagg_isolate_gives_the_target_batch_away_and_nobody_elses(
         assert clients[2, c]["tamper_flagged"] and clients[2, c]["tamper_checks"] == DEAD
         assert mine[2, c]["tamper_flagged"] and mine[2, c]["declared"]["tamper-checks"] == DEAD
     assert {r["server_behaviour"] for r in records} == {"isolate"}
+
+
+def test_the_sum_is_trained_at_one_layer_only_where_every_live_client_got_it() -> None:
+    rng = np.random.default_rng(0)
+    honest = (rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(4))
+    other = (honest[0] + 1, honest[1])
+    dead = (np.zeros((4, 3), np.float32), np.full(4, DEAD_BIAS))
+    assert never_fires(*dead) and not never_fires(*honest)
+    # A zero bias is dead too (ReLU's gradient at 0 is 0); a positive one fires.
+    assert never_fires(dead[0], np.zeros(4)) and not never_fires(dead[0], np.ones(4))
+    at = single_trained_layer([dead, honest, dead, honest])
+    assert at is not None and at[0].dtype == np.float64
+    assert np.array_equal(at[0], honest[0]) and np.array_equal(at[1], honest[1])
+    assert single_trained_layer([honest, other]) is None
+    assert single_trained_layer([dead, dead]) is None

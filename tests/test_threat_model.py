@@ -187,6 +187,7 @@ def test_secagg_sum_is_one_batch_with_its_quantisation_noise() -> None:
         sent_bias=sent_b,
         weight=mean_w,
         bias=mean_b,
+        trained_at=None,
     )
     secagg = SecAggSpec()
     sight = _model(batch_size=True).of_aggregate(aggregate, secagg)
@@ -201,6 +202,35 @@ def test_secagg_sum_is_one_batch_with_its_quantisation_noise() -> None:
     assert sight.knowledge["view"].startswith("the SecAgg+ sum of 3 clients")
     blind = _model(noise=False).of_aggregate(aggregate, secagg)
     assert blind.view.noise_std is None and blind.view.batch_size is None
+    # No one layer trained: the average of the sent ones, and the record says so.
+    assert np.array_equal(sight.view.weights[LAYER[0]], sent_w)
+    assert sight.knowledge["weights"].startswith("the average")
+
+
+def test_secagg_sum_is_attacked_at_the_layer_the_live_clients_were_sent() -> None:
+    # isolate: the target (weight 1 of 4) got the honest layer, the rest a dead one; the sent
+    # average is no layer any sample saw, and its biases would mark most neurons inactive.
+    rng = np.random.default_rng(5)
+    honest_w, honest_b = rng.standard_normal((6, 5)), rng.standard_normal(6)
+    sent_w, sent_b = honest_w / 4, honest_b / 4 - 0.75
+    aggregate = InterceptedAggregate(
+        server_round=2,
+        node_ids=(10, 11, 12, 13),
+        declared=tuple({"partition-id": i, "lr": 0.5} for i in range(4)),
+        num_examples=(4, 4, 4, 4),
+        dropped=(),
+        sent_weight=sent_w,
+        sent_bias=sent_b,
+        weight=sent_w - 0.01,
+        bias=sent_b - 0.02,
+        trained_at=(honest_w, honest_b),
+    )
+    sight = _model().of_aggregate(aggregate, SecAggSpec())
+    assert np.array_equal(sight.view.weights[LAYER[0]], honest_w)
+    assert np.array_equal(sight.view.weights[LAYER[1]], honest_b)
+    # The gradient is still the sum's: sent average minus aggregate, over lr.
+    assert np.allclose(sight.view.gradient[LAYER[0]], 0.01 / 0.5, rtol=1e-12)
+    assert sight.knowledge["weights"] == "the layer every client that could train was sent"
 
 
 def test_secagg_sum_of_dp_clients_is_told_their_noise_in_gradient_units() -> None:
@@ -222,6 +252,7 @@ def test_secagg_sum_of_dp_clients_is_told_their_noise_in_gradient_units() -> Non
         sent_bias=sent_b,
         weight=sent_w - 0.01,
         bias=sent_b - 0.01,
+        trained_at=(sent_w, sent_b),
     )
     secagg = SecAggSpec()
     sight = _model(batch_size=True).of_aggregate(aggregate, secagg)

@@ -207,8 +207,17 @@ class ThreatModel:
         w_key, b_key = self.first_layer
         sent = {w_key: aggregate.sent_weight, b_key: aggregate.sent_bias}
         summed = {w_key: aggregate.weight, b_key: aggregate.bias}
+        # The weights the sum's gradient was taken at: the average of the sent layers is one
+        # only when every client that could train was sent the same layer (isolate sends the
+        # others a dead one, and their average is no layer any sample saw).
+        at = sent
+        if aggregate.trained_at is not None:
+            at = dict(zip((w_key, b_key), aggregate.trained_at, strict=True))
+            knowledge["weights"] = "the layer every client that could train was sent"
+        else:
+            knowledge["weights"] = "the average of the layers sent (no one layer was trained)"
         view = ServerView(
-            weights={k: v.astype(np.float64) for k, v in sent.items()},
+            weights={k: v.astype(np.float64) for k, v in at.items()},
             gradient=_gradient(sent, summed, lr),
             first_layer=self.first_layer,
             batch_size=batch_size,
