@@ -17,7 +17,12 @@ from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import Factorisation, factorise
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
-from attacks.spearpp.last_column import LastColumn, last_column, settle_uncertain
+from attacks.spearpp.last_column import (
+    LastColumn,
+    last_column,
+    noisy_last_column,
+    settle_uncertain,
+)
 from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, pin_rows, refine_kernel, refiner, zero_mask
@@ -73,6 +78,10 @@ _LAST_SPREADS = (0.2, 0.4, 0.6)
 _CHUNK_WORK = 5e10
 # Share of the columns missing at a fruitless complement round that must remain for another.
 _COMPLEMENT_RETRY = 0.75
+# Under noise, share of rows on which the last column's zeros must match the inactive neurons
+# its closed form predicts (see noisy_last_column): the true column matched 99 of 100 at
+# B=8, m=100 under SecAgg+'s quantisation, one zero just past the noise tolerance.
+_LAST_MATCH = 0.95
 # Noise whose edge lies this far below the weakest sample's singular value does not steer the
 # sign search (see _faint_noise).
 _FAINT_NOISE = 1000.0
@@ -125,8 +134,8 @@ class _Harvester:
         self.pre: torch.Tensor | None = None
         # Refinement done from inside the search, which the search stage's clock also counts.
         self.midway_seconds = 0.0
-        # (R, dL/db, W, b) for the last columns in closed form (last_pair, last_column);
-        # set by the engine when the update is noiseless.
+        # (R, dL/db, W, b) for the last columns in closed form (last_pair, last_column; under
+        # noise noisy_last_column); set by the engine.
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.settled_last = 0
         # Null steps on rows of U rather than U S (see sign_search): without noise, and under
@@ -183,6 +192,8 @@ class _Harvester:
         """Settle the last two columns in closed form where the pool lacks only those; the number
         settled. (The pool only grows: each count of missing columns is tried once.)"""
         b, grew = self.left.shape[1], 0
+        if self.rule.noise_std:
+            return self._noisy_last(inputs)
         if len(self.pool) == b - 2 and not self._pair_tried:
             self._pair_tried = True
             scan = last_pair(self.pool.columns, self.left, *inputs, self.rule)
@@ -202,6 +213,27 @@ class _Harvester:
                 grew += self._admit(last.column)
             elif last is not None:
                 self.unpinned = last
+        return grew
+
+    def _noisy_last(
+        self, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    ) -> int:
+        """Under noise, the last column from its closed form, once: kept where the noise-level
+        certificate verifies it and its zeros match the inactive neurons it predicts."""
+        if len(self.pool) != self.left.shape[1] - 1 or self._last_tried:
+            return 0
+        self._last_tried = True
+        last = noisy_last_column(self.pool.columns, self.left, *inputs)
+        if last is None:
+            return 0
+        q, inactive = last
+        cands = refine_kernel(
+            self.left, q[None], self.rule, False, self.generator, self.pool.columns
+        )
+        zero = zero_mask(self.left, cands.directions, self.rule)
+        match = (zero == inactive).to(self.left.dtype).mean(dim=1)
+        grew = self.pool.add(cands.demote(match >= _LAST_MATCH))
+        self.settled_last += grew
         return grew
 
 
@@ -507,8 +539,7 @@ def run_spearpp(
     search_left = left.to(getattr(torch, config.search_dtype))
     harvest = _Harvester(left, search_left, rule, config, pool, clock, generator)
     harvest.engine_rows = _faint_noise(fac)
-    if not rule.noise_std:
-        harvest.inputs = (fac.right, obs.grad_bias, obs.weight, obs.bias)
+    harvest.inputs = (fac.right, obs.grad_bias, obs.weight, obs.bias)
 
     spent = _budget_clock(config.budget_clock)
 
