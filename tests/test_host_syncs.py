@@ -2,7 +2,7 @@
 
 A dispatch mode counts, on the CPU, the ops that would sync on CUDA: reading a scalar
 (``item``, ``bool``, ``float``: ``_local_scalar_dense``), data-dependent shapes (``nonzero``,
-``masked_select``, ``unique``) and linear-algebra error checks (``_linalg_check_errors``).
+``masked_select``, ``unique``, indexing by a boolean mask) and linear-algebra error checks (``_linalg_check_errors``).
 Checks inside a kernel (``torch.linalg.eigh``'s on CUDA) are not visible here.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -31,6 +32,9 @@ SYNCING = {
     "_linalg_check_errors",
 }
 
+# Indexing by a boolean mask has a data-dependent shape too (a nonzero inside the op).
+MASK_INDEXING = {"index", "index_put"}
+
 
 class _SyncCounter(TorchDispatchMode):
     def __init__(self) -> None:
@@ -47,6 +51,10 @@ class _SyncCounter(TorchDispatchMode):
         name = func._overloadpacket.__name__
         if name in SYNCING:
             self.seen[name] += 1
+        if name in MASK_INDEXING and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+        ):
+            self.seen[name + "(mask)"] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -75,22 +83,37 @@ def test_the_counter_sees_a_sync(geometry: SignGeometry) -> None:
 
 def test_sign_search_iterations_never_sync(geometry: SignGeometry) -> None:
     """With inverse-iteration null steps (``eigh``'s error check runs inside the kernel: a sync
-    on CUDA that the CPU does not show)."""
+    on CUDA that the CPU does not show), and points kept to the end, as on a GPU."""
     starts = random_starts(8, geometry.left.shape[1], torch.Generator().manual_seed(0))
     found = geometry.to_search(torch.eye(20, dtype=torch.float64)[:3])
-    assert not _syncs(lambda: sign_search(geometry, starts, None, 14, null_step="inverse"))
-    assert not _syncs(
-        lambda: sign_search(geometry, starts, None, 14, null_step="inverse", whole=True)
-    )
     deflation = torch.linalg.qr(found.T).Q  # B x F
-    assert not _syncs(
-        lambda: sign_search(geometry, starts, deflation, 6, found, null_step="inverse")
-    )
+    cases = ((None, 14, None, False), (None, 14, None, True), (deflation, 6, found, False))
+    for defl, iterations, known, whole in cases:
+        run = partial(
+            sign_search,
+            geometry,
+            starts,
+            defl,
+            iterations,
+            known,
+            null_step="inverse",
+            whole=whole,
+            drop_fixed=False,
+        )
+        assert not _syncs(run)
+
+
+def test_the_cpu_path_drops_points_the_gpu_path_keeps(geometry: SignGeometry) -> None:
+    """The host round trips the CPU path takes are exactly the ones the GPU path avoids."""
+    starts = random_starts(8, geometry.left.shape[1], torch.Generator().manual_seed(0))
+    assert _syncs(lambda: sign_search(geometry, starts, None, 14))["index(mask)"]
+    active = geometry.pre[:, :5].T > 0
+    assert _syncs(lambda: fit_inputs(geometry.affine(), active))["_local_scalar_dense"]
 
 
 def test_max_margin_newton_steps_never_sync(geometry: SignGeometry) -> None:
     active = geometry.pre[:, :5].T > 0
-    assert not _syncs(lambda: fit_inputs(geometry.affine(), active))
+    assert not _syncs(lambda: fit_inputs(geometry.affine(), active, gather=False))
 
 
 @pytest.mark.parametrize("optimiser", ["radam", "pgd"])
