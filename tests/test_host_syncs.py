@@ -2,7 +2,8 @@
 
 A dispatch mode counts, on the CPU, the ops that would sync on CUDA: reading a scalar
 (``item``, ``bool``, ``float``: ``_local_scalar_dense``), data-dependent shapes (``nonzero``,
-``masked_select``, ``unique``, indexing by a boolean mask) and linear-algebra error checks (``_linalg_check_errors``).
+``masked_select``, ``unique``, indexing by a boolean mask) and linear-algebra error checks
+(``_linalg_check_errors``).
 Checks inside a kernel (``torch.linalg.eigh``'s on CUDA) are not visible here.
 """
 

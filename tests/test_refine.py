@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from attacks.spearpp.factor import factorise
-from attacks.spearpp.refine import ZeroRule, canonical_sign, refine_kernel
+from attacks.spearpp.refine import (
+    ZeroRule,
+    _certify,
+    _null_threshold,
+    canonical_sign,
+    refine_kernel,
+)
 from tests.helpers import observation
 
 
@@ -55,3 +61,39 @@ def test_known_columns_are_not_certified_again() -> None:
     left, truth, rule = _setup(0)
     cands = refine_kernel(left, truth, rule, False, torch.Generator(), truth[:10])
     assert cands.directions.shape[0] == 6
+
+
+def _certify_on_every_row(
+    left: torch.Tensor, v: torch.Tensor, zero: torch.Tensor, entry_tol: torch.Tensor
+) -> torch.Tensor:
+    """The certificate's definition, brute force: on all of each zero set's rows at once, a
+    1-D null space (v's) and no row whose removal grows it (leverage 1)."""
+    verdict = []
+    for i in range(v.shape[0]):
+        rows = left[zero[i]]
+        y = rows - (rows @ v[i])[:, None] * v[i]
+        eigs, vecs = torch.linalg.eigh(y.T @ y)
+        thr = _null_threshold(eigs[None], entry_tol[i : i + 1], zero[i].sum()[None])[0]
+        inv = torch.where(eigs[1:] > thr, 1 / eigs[1:], 0.0)
+        leverage = ((y @ vecs[:, 1:]).square() * inv).sum(dim=1)
+        verdict.append(bool(eigs[1] > thr) and not bool((leverage > 1 - 1e-6).any()))
+    return torch.tensor(verdict)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_certificate_checked_on_a_few_rows_first_matches_its_definition(seed: int) -> None:
+    """Columns and mixes of two and of three columns: the verdicts of the certificate, which
+    checks each zero set on its first 3B rows before all of them, equal the brute-force ones
+    on all rows (every column's zero set here is larger than 3B)."""
+    left, truth, rule = _setup(seed)
+    pairs = truth[:8] * 0.6 + truth[8:] * 0.8
+    triples = truth[:5] + truth[5:10] + truth[10:15]
+    v = canonical_sign(torch.cat([truth, pairs, triples]))
+    y = v @ left.T
+    tol = rule.tolerance(v, y)
+    zero = y.abs() <= tol[:, None]
+    assert int(zero.sum(dim=1)[:16].min()) > 3 * 16
+    one, _ = _certify(left, v, zero, tol)
+    reference = _certify_on_every_row(left, v, zero, tol)
+    assert torch.equal(one, reference)
+    assert bool(one[:16].all()) and not bool(one[16:29].any())

@@ -43,6 +43,38 @@ def test_max_margin_fit_separates_and_beats_least_squares(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+def test_max_margin_fit_from_the_rows_with_slack_is_the_full_fit(seed: int) -> None:
+    """The CPU path builds each Newton step's Hessian from the rows with slack, updated by the
+    rows that gain or lose it; the GPU path from every row: the same fits."""
+    pre, _, active = _patterns(seed, rows=600, samples=7)
+    gathered = fit_inputs(pre, active, gather=True)
+    full = fit_inputs(pre, active, gather=False)
+    assert torch.allclose(gathered, full, rtol=1e-9, atol=1e-9 * float(full.abs().max()))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_points_whose_rows_repeat_leave_with_the_points_they_would_have_reached(
+    seed: int,
+) -> None:
+    """Without deflation a point leaves a stage only once its null step's rows repeat, so the
+    CPU path returns the points the full schedule does; with deflation it also leaves once
+    it moves under half a degree, and lands on the same columns."""
+    geom, truth, _ = sign_geometry(20, 200, seed)
+    starts = random_starts(16, 20, torch.Generator().manual_seed(seed))
+    kept = sign_search(geom, starts, None, 14, drop_fixed=False)
+    dropped = sign_search(geom, starts, None, 14, drop_fixed=True)
+    assert torch.allclose(kept, dropped, atol=1e-12)
+    unit = torch.nn.functional.normalize(truth, dim=1)
+    found = unit[:6]
+    basis = torch.linalg.qr(torch.linalg.pinv(unit)[:, :6]).Q  # exact inputs of the found
+    kept = sign_search(geom, starts, basis, 14, found, drop_fixed=False)
+    dropped = sign_search(geom, starts, basis, 14, found, drop_fixed=True)
+    hit_kept = (kept @ unit.T).abs().amax(dim=1) > 1 - 1e-9
+    hit_dropped = (dropped @ unit.T).abs().amax(dim=1) > 1 - 1e-9
+    assert int(hit_dropped.sum()) >= int(hit_kept.sum()) - 1 and bool(hit_dropped.any())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_deflation_basis_is_exact_for_true_inputs(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     q = torch.nn.functional.normalize(torch.randn(12, 12, generator=gen, dtype=torch.float64))

@@ -150,7 +150,11 @@ def last_pair(
         inactive = z0 + mids[k] * dz <= 0
         if int(inactive.sum()) < b - 1:
             continue
-        _, singular, vh = torch.linalg.svd(left[inactive], full_matrices=True)
+        # All B right singular vectors, without the left factor a full SVD of these ~m / 2 rows
+        # would build (0.44 s of 0.45 at B=100, m=4000).
+        _, singular, vh = torch.linalg.svd(
+            left[inactive], full_matrices=int(inactive.sum()) < left.shape[1]
+        )
         null = vh[int((singular > _NULL_SHARE * singular[0]).sum()) :]
         if null.shape[0] != 1 or bool((plane.T @ null[0]).norm() < _ALONG):
             continue  # closed, or not pinned, or a mix of found columns

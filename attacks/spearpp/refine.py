@@ -185,6 +185,8 @@ _ESSENTIAL_LEVERAGE = 1 - 1e-6
 # Eigenvalues of a zero set's Gram matrix below this share of the largest are null.
 _NULL_EIGEN = 1e-12
 _CERTIFY_ELEMENTS = 20_000_000
+# Rows per column on which a zero set is checked first (see _certify).
+_FIRST_ROWS_PER_COLUMN = 3
 
 
 def _null_threshold(
@@ -192,6 +194,36 @@ def _null_threshold(
 ) -> torch.Tensor:
     """Eigenvalue under which a zero set's Gram matrix is null: round-off or the noise floor."""
     return torch.maximum(_NULL_EIGEN * gram_eigs[:, -1], 4 * entry_tol.square() * rows)
+
+
+def _zero_rows(zero: torch.Tensor, most: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each direction's zero rows (c x k indices, padded) and which are real (c x k); with
+    ``most``, only the first ``most`` of them by index."""
+    take = zero if most is None else zero & (zero.cumsum(dim=1) <= most)
+    count = max(1, int(take.sum(dim=1).max())) if take.shape[0] else 1
+    real, idx = take.to(torch.float32).topk(count, dim=1)
+    return idx, real > 0
+
+
+def _null_and_leverage(
+    left: torch.Tensor,
+    v: torch.Tensor,
+    idx: torch.Tensor,
+    real: torch.Tensor,
+    threshold: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the rows ``idx`` (c x k, ``real`` the ones that count) projected off each unit
+    ``v``: whether a second null direction exists (eigenvalue under ``threshold`` of the
+    ascending eigenvalues), each row's essential flag (c x k) and the eigenvectors."""
+    b = v.shape[1]
+    proj = torch.eye(b, dtype=v.dtype, device=v.device) - v[:, :, None] * v[:, None, :]
+    y = (left[idx] * real[:, :, None]) @ proj  # c x k x B
+    eigs, vecs = torch.linalg.eigh(y.transpose(1, 2) @ y)  # ascending; eigs[:, 0] is v's
+    thr = threshold(eigs)
+    second_null = eigs[:, 1] <= thr
+    safe = torch.where(eigs[:, 1:] > thr[:, None], eigs[:, 1:], torch.inf)
+    leverage = ((y @ vecs[:, :, 1:]).square() / safe[:, None, :]).sum(dim=2)
+    return second_null, (leverage > _ESSENTIAL_LEVERAGE) & real, vecs
 
 
 def _certify(
@@ -203,28 +235,44 @@ def _certify(
     is zero on their shared zero set, whose rows span only B - k dimensions, plus k - 1 rows where
     the columns happen to cancel: those rows are essential (leverage 1). So v is one column iff
     its zero set has a 1-D null space with no essential row.
+
+    Each zero set is first checked on its first ``_FIRST_ROWS_PER_COLUMN`` x B rows: adding
+    rows only shrinks the null space and every row's leverage (the Gram matrix grows), so a set
+    that passes there passes in full (its threshold taken at least as high as the whole set's:
+    the trace bounds the largest eigenvalue). The others are checked on all their rows.
     """
     c, b = v.shape
-    proj = torch.eye(b, dtype=v.dtype, device=v.device) - v[:, :, None] * v[:, None, :]
-    rows_on = left[None] * zero[:, :, None]  # c x m x B, rows outside the zero set cleared
-    y = rows_on @ proj
-    eigs, vecs = torch.linalg.eigh(y.transpose(1, 2) @ y)  # ascending; eigs[:, 0] is v's
-    thr = _null_threshold(eigs, entry_tol, zero.sum(dim=1))
-    second_null = eigs[:, 1] <= thr
-    safe = torch.where(eigs[:, 1:] > thr[:, None], eigs[:, 1:], torch.inf)
-    leverage = ((y @ vecs[:, :, 1:]).square() / safe[:, None, :]).sum(dim=2)
-    essential = (leverage > _ESSENTIAL_LEVERAGE) & zero
+    rows = zero.sum(dim=1)
+    # trace(P G P) over the whole zero set: sum of |P r_j|^2 = |r_j|^2 - (r_j . v)^2.
+    trace = ((left.square().sum(dim=1) - (v @ left.T).square()) * zero).sum(dim=1)
+    floor = 4 * entry_tol.square() * rows
+    idx, real = _zero_rows(zero, _FIRST_ROWS_PER_COLUMN * b)
+    second_null, essential, _ = _null_and_leverage(
+        left, v, idx, real, lambda eigs: torch.maximum(_NULL_EIGEN * trace, floor)
+    )
     one_column = ~second_null & ~essential.any(dim=1)
-    bases: list[torch.Tensor | None] = []
-    for i in range(c):
+    bases: list[torch.Tensor | None] = [None] * c
+    doubt = torch.nonzero(~one_column).flatten()
+    if not doubt.numel():
+        return one_column, bases
+    idx, real = _zero_rows(zero[doubt])
+    second_null, essential_rows, _ = _null_and_leverage(
+        left,
+        v[doubt],
+        idx,
+        real,
+        lambda eigs: _null_threshold(eigs, entry_tol[doubt], rows[doubt]),
+    )
+    essential = torch.zeros_like(zero[doubt]).scatter_(1, idx, essential_rows)
+    one_column[doubt] = ~second_null & ~essential.any(dim=1)
+    for j, i in enumerate(doubt.tolist()):
         if one_column[i]:
-            bases.append(None)
             continue
-        keep = zero[i] & ~essential[i]
+        keep = zero[i] & ~essential[j]
         sub = left[keep]
         e, vec = torch.linalg.eigh(sub.T @ sub)
         k = int((e <= _null_threshold(e[None], entry_tol[i : i + 1], keep.sum()[None])).sum())
-        bases.append(vec[:, :k] if 2 <= k <= _MAX_MIX else None)
+        bases[i] = vec[:, :k] if 2 <= k <= _MAX_MIX else None
     return one_column, bases
 
 
