@@ -100,7 +100,7 @@ def _bench_attack(args: argparse.Namespace) -> int:
     out = results_folder(args.out, f"attack-{args.preset}")
     command = command_line()
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]
-    run_bench(cases, data, out, dtype=dtype, command=command)
+    run_bench(cases, data, out, dtype=dtype, command=command, svd_reference=args.svd_reference)
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, summary.json, rows.jsonl)")
     return 0
@@ -499,6 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
             "pre-training: attack every case on a trained network (SGD on other images of --data)"
         ),
         default_steps=None,
+    )
+    attack.add_argument(
+        "--svd-reference",
+        action="store_true",
+        help="after each attack, time one full float64 SVD of the same gradient (torch.linalg.svd) "
+        "and report the attack's time as a multiple of it",
     )
     attack.add_argument("--out", help="results folder (default: bench/runs/attack-PRESET-TIME)")
     attack.set_defaults(func=_bench_attack)

@@ -116,12 +116,19 @@ def test_cli_custom_case(tmp_path: Path) -> None:
             "300",
             "--seeds",
             "0,1",
+            "--svd-reference",
         ]
     )
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
     assert [r["seed"] for r in rows] == [0, 1]
     assert rows[0]["case"] == "l1 radam fedavg B=5 m=60 depth=3"
     assert rows[0]["defence"]["epochs"] == 2
+    # The attack's time against one SVD of the same gradient, timed beside it.
+    assert all(r["svd_seconds"] > 0 for r in rows)
+    summary = json.loads((tmp_path / "summary.json").read_text())["cases"][0]
+    ratios = [r["seconds"] / r["svd_seconds"] for r in rows]
+    assert summary["svd_ratio_mean"] == pytest.approx(sum(ratios) / 2)
+    assert f"({summary['svd_ratio_mean']:.2f} SVD)" in (tmp_path / "summary.md").read_text()
 
 
 def test_cli_noise_blind_dp_case(tmp_path: Path) -> None:

@@ -117,10 +117,25 @@ def scale_bound(
     return float(torch.special.erf(tolerance / (math.sqrt(2) * std)).mean())
 
 
+def svd_seconds(grad_weight: Any) -> float:
+    """Seconds of one full float64 SVD (thin, ``torch.linalg.svd``) of ``grad_weight``: the
+    yardstick the attack's time is given in."""
+    matrix = torch.as_tensor(grad_weight).to(torch.float64)
+    start = time.perf_counter()
+    torch.linalg.svd(matrix, full_matrices=False)
+    return time.perf_counter() - start
+
+
 def run_case(
-    case: AttackCase, seed: int, data: ImageSet, norm: Normalization, dtype: torch.dtype
+    case: AttackCase,
+    seed: int,
+    data: ImageSet,
+    norm: Normalization,
+    dtype: torch.dtype,
+    svd_reference: bool = False,
 ) -> dict[str, Any]:
-    """Attack one seed of ``case``; the row of results."""
+    """Attack one seed of ``case``; the row of results (with ``svd_reference``, also the
+    seconds of one full SVD of the same gradient, timed right after the attack)."""
     dtype = getattr(torch, case.dtype) if case.dtype else dtype
     view, images, noise_std = client_update(case, seed, data, norm, dtype)
     # float64 arrays: as numpy code hands them over (the attack sees no tensor dtype).
@@ -170,6 +185,7 @@ def run_case(
             else None
         ),
         "attack": rec.summary(),
+        "svd_seconds": svd_seconds(arrays["grad_weight"]) if svd_reference else None,
     }
 
 
@@ -221,6 +237,12 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             np.mean([r["attack"]["batch_size"] == r["batch_size"] for r in rows])
         ),
         "seconds_mean": float(np.mean([r["seconds"] for r in rows])),
+        # The attack's time over one SVD of the same gradient, per seed, averaged.
+        "svd_ratio_mean": (
+            float(np.mean([r["seconds"] / r["svd_seconds"] for r in rows]))
+            if all(r.get("svd_seconds") for r in rows)
+            else None
+        ),
         "stage_seconds_mean": stages,
     }
 
@@ -243,7 +265,9 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         "exact; B_hat confidence: the lowest over seeds of the attack's confidence in its "
         "batch-size estimate; noise: whether the attacker was told the DP noise level, and how far "
         "its fit to the gradient's spectrum was at worst from the true per-entry std (without DP "
-        "noise: the mean std of the round-off bulk it fitted, if any).",
+        "noise: the mean std of the round-off bulk it fitted, if any); s mean: seconds per attack "
+        "(with `--svd-reference`, in brackets: as a multiple of one full float64 SVD of the same "
+        "gradient timed right after it, averaged over seeds).",
         "",
         "| case | seeds | PSNR mean | PSNR min | SSIM | exact | certified | near-exact | "
         "at true scale | scale bound | batches exact | B_hat right | B_hat confidence (min) | "
@@ -260,6 +284,8 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
         bound_text = "-" if bound is None else f"{100 * bound:.1f}%"
         error = s.get("noise_estimate_error_max")
         noise = "told" if s.get("noise_told", True) else "not told"
+        svd = s.get("svd_ratio_mean")
+        ratio = "" if svd is None else f" ({svd:.2f} SVD)"
         confidence = s.get("batch_size_confidence_min", 1.0)
         if error is not None:
             noise += f", fit within {100 * error:.2f}%"
@@ -274,7 +300,7 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
             f"{100 * s['share_near_exact_true_scale_samples']:.1f}% | {bound_text} | "
             f"{100 * s['share_exact_batches']:.0f}% | "
             f"{100 * s['batch_size_correct']:.0f}% | {confidence:.2f} | {noise} | "
-            f"{s['seconds_mean']:.1f} | {stages} | "
+            f"{s['seconds_mean']:.1f}{ratio} | {stages} | "
             f"{paper.get(s['case'], '')} |"
         )
     return "\n".join(lines) + "\n"
@@ -287,6 +313,7 @@ def run_bench(
     *,
     dtype: torch.dtype = torch.float64,
     command: str = "",
+    svd_reference: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every case and seed; rows are appended to ``out/rows.jsonl`` as they finish, and
     ``out/summary.json`` and ``out/summary.md`` are rewritten after each case."""
@@ -304,7 +331,7 @@ def run_bench(
     for case in cases:
         rows = []
         for seed in case.seeds:
-            row = run_case(case, seed, data, norm, dtype)
+            row = run_case(case, seed, data, norm, dtype, svd_reference)
             rows.append(row)
             with (out / "rows.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
