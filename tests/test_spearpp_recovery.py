@@ -130,11 +130,12 @@ def test_next_layer_fixes_scales_under_dp_noise() -> None:
     assert near[True] > near[False]
 
 
-def test_null_step_auto_is_eigh_on_the_cpu_and_recorded() -> None:
+def test_null_step_auto_is_inverse_iteration_and_recorded() -> None:
     view, _, _ = observation(8, 100, 0)
-    assert reconstruct(**view, config=FAST).settings["null_step_used"] == "eigh"
-    inverse = FAST.replace(null_step="inverse")
-    assert reconstruct(**view, config=inverse).settings["null_step_used"] == "inverse"
+    assert reconstruct(**view, config=FAST).settings["null_step_used"] == "inverse"
+    eigh = FAST.replace(null_step="eigh")
+    rec = reconstruct(**view, config=eigh)
+    assert rec.settings["null_step_used"] == "eigh" and rec.status == "exact"
 
 
 @pytest.mark.parametrize(

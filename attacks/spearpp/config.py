@@ -44,9 +44,11 @@ class SpearConfig:
         How the sign search's null steps find their direction: ``eigh`` (the exact smallest
         eigenvector; on CUDA each call checks its error codes on the host), ``inverse``
         (warm-started inverse iteration by Cholesky solves: no host round trip in the search
-        loop; on the CPU about 30% faster at m=1000, B=100, but it stays nearer its start,
-        which at the batch-size limit stalled one of three seeds of m=1000, B=110 that ``eigh``
-        solves), or ``auto``: ``inverse`` on CUDA, ``eigh`` elsewhere. Unmeasured on a GPU.
+        loop), or ``auto``: ``inverse``. Measured on the CPU since points leave the search once
+        settled (2026-12-03): B=256, m=4000 in 41 s against 57 s; m=1000, B=140 on three seeds
+        in 38 / 53 / 27 s against 49 / 83 / 33 s, and B=150 exact on all three seeds (``eigh``
+        the evening before: two of three). Once, with every point run to the end, ``inverse``
+        stalled one of three seeds of m=1000, B=110 that ``eigh`` solved. Unmeasured on a GPU.
     surrogate
         Sparsity surrogate minimised over the sphere: ``l1``, ``logcosh`` or ``l4`` (that is -l4).
     optimiser

@@ -501,8 +501,8 @@ def run_spearpp(
     # Without noise the bias gradient fixes the scales exactly already.
     next_layer = config.next_layer_scale and obs.next_layer is not None and bool(noise_std)
     null_step = config.null_step
-    if null_step == "auto":  # no host round trips in the GPU's search loop
-        null_step = "inverse" if device.type == "cuda" else "eigh"
+    if null_step == "auto":  # see SpearConfig.null_step
+        null_step = "inverse"
     settings = {
         **config.as_dict(),
         "refinement": config.refinement,
