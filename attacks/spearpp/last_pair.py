@@ -151,7 +151,7 @@ def last_pair(
         if int(inactive.sum()) < b - 1:
             continue
         # All B right singular vectors, without the left factor a full SVD of these ~m / 2 rows
-        # would build (0.44 s of 0.45 at B=100, m=4000).
+        # would build (see last_column).
         _, singular, vh = torch.linalg.svd(
             left[inactive], full_matrices=int(inactive.sum()) < left.shape[1]
         )

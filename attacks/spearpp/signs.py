@@ -301,7 +301,8 @@ def sign_search(
         The last iterations, run without ``deflation``.
     drop_fixed
         Let a point leave a stage of the schedule (see :func:`_stages`) once its null step's
-        rows repeat (with ``eigh`` its next iterations there would repeat it exactly), and a
+        rows repeat (its next iterations there would repeat it: exactly with ``eigh``, to the
+        inverse iteration's convergence with ``inverse``), and a
         deflated stage once a null step moves it less than half a degree. ``None``: on the CPU
         only (on a GPU, dropping points costs a host round trip per iteration).
 
@@ -403,7 +404,7 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor, gather: bool | None = No
     if gather is None:
         gather = pre.device.type == "cpu"
     hess_half: torch.Tensor | None = None
-    was_on = sign
+    was_on = sign  # the rows with slack at the previous step (set at the first)
     h = sizes[:, None, None]
     for _ in range(MARGIN_NEWTON_STEPS):
         raw = 1 - (pre @ p) * sign
