@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=get_args(NullStep),
         default="auto",
         help="the sign search's null steps: exact eigh, inverse iteration (no host syncs), or "
-        "auto (inverse on CUDA, eigh elsewhere)",
+        "auto (inverse iteration on every device: measured faster and of wider reach)",
     )
     custom.add_argument("--surrogate", choices=get_args(Surrogate), default="l1")
     custom.add_argument("--optimiser", choices=get_args(Optimiser), default="radam")

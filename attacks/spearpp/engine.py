@@ -36,7 +36,13 @@ from attacks.spearpp.signs import (
     null_step_rows,
     sign_search,
 )
-from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs, sparsity_matching
+from attacks.spearpp.solve import (
+    Solution,
+    complete_basis,
+    greedy_select,
+    solve_inputs,
+    sparsity_matching,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +88,13 @@ _COMPLEMENT_RETRY = 0.75
 # its closed form predicts (see noisy_last_column): the true column matched 99 of 100 at
 # B=8, m=100 under SecAgg+'s quantisation, one zero just past the noise tolerance.
 _LAST_MATCH = 0.95
+# Evictions of a suspected mix from a full pool (see _evict_mismatched), each followed by sign
+# rounds until the pool is full again: one sufficed where a mix had passed (DP sigma=1e-6,
+# B=150, m=4000, seed 2), a second covers a wrong guess of which suspect is the mix.
+_REPAIRS = 2
+# Most samples under _EXACT_MATCHING for which a repair is tried: a mix corrupts two; many
+# more point to another cause (multi-step updates' zeros, scales), which evictions cannot fix.
+_MIX_SUSPECTS = 4
 # Noise whose edge lies this far below the weakest sample's singular value does not steer the
 # sign search (see _faint_noise).
 _FAINT_NOISE = 1000.0
@@ -146,6 +159,11 @@ class _Harvester:
         self._pair_tried = self._last_tried = False
         # The last column's stand-in when its zeros do not pin it (see LastColumn).
         self.unpinned: LastColumn | None = None
+
+    def reopen(self) -> None:
+        """Try the closed forms of the last columns again: the pool lost columns."""
+        self._pair_tried = self._last_tried = False
+        self.unpinned = None
 
     def __call__(self, points: torch.Tensor, final: bool = False) -> torch.Tensor:
         """Refine the converged ``points`` into the pool; the mask of points to keep searching."""
@@ -235,6 +253,20 @@ class _Harvester:
         grew = self.pool.add(cands.demote(match >= _LAST_MATCH))
         self.settled_last += grew
         return grew
+
+
+def _evict_mismatched(pool: ColumnPool, columns: torch.Tensor, matching: torch.Tensor) -> None:
+    """Evict the columns of a full pool's samples whose zeros do not match their inputs, and
+    ban the one with the fewest zeros.
+
+    A mix of q_j and q_k in q_j's place leaves sample j's input right but sample k's a mix
+    (the inverse of Q changes only in row k), so both match poorly; the mix is zero only
+    where both columns are, the true q_k wherever it is.
+    """
+    suspect = columns[matching < _EXACT_MATCHING]
+    drop = (pool.columns @ suspect.T).abs().amax(dim=1) >= _SAME_DIRECTION
+    fewest = torch.where(drop, pool.zeros, pool.zeros.max() + 1).argmin()
+    pool.evict(drop, torch.arange(len(pool), device=drop.device) == fewest)
 
 
 def _sparse_layer(pool: ColumnPool, m: int) -> bool:
@@ -609,31 +641,59 @@ def run_spearpp(
             starts,
             time.perf_counter() - started,
         )
-    # Harvests inside the search were timed under both stages: report them under refine only.
-    clock.seconds["search"] = clock.seconds.get("search", 0.0) - harvest.midway_seconds
 
-    with clock.stage("select"):
-        found = len(pool)
-        order = pool.zeros.argsort(descending=True)
-        if found > b:
-            columns, solution = greedy_select(
-                pool.columns[order], b, left, fac.right, obs, rule, config.selection_sweeps
-            )
-        elif found == b - 1 and harvest.unpinned is not None:
-            columns = torch.cat([pool.columns[order], harvest.unpinned.column[None]])
-        else:
-            columns = complete_basis(pool.columns[order], pool.spares(), b)
-    with clock.stage("solve"):
-        if found <= b or next_layer:
-            solution = solve_inputs(columns, left, fac.right, obs, rule, next_layer)
-    verified = torch.zeros(b, dtype=torch.bool)
-    verified[: min(found, b)] = True
+    def select_and_solve() -> tuple[int, torch.Tensor, Solution]:
+        """The pool's columns, B of them, and the inputs they give."""
+        with clock.stage("select"):
+            found = len(pool)
+            order = pool.zeros.argsort(descending=True)
+            if found > b:
+                columns, solution = greedy_select(
+                    pool.columns[order], b, left, fac.right, obs, rule, config.selection_sweeps
+                )
+            elif found == b - 1 and harvest.unpinned is not None:
+                columns = torch.cat([pool.columns[order], harvest.unpinned.column[None]])
+            else:
+                columns = complete_basis(pool.columns[order], pool.spares(), b)
+        with clock.stage("solve"):
+            if found <= b or next_layer:
+                solution = solve_inputs(columns, left, fac.right, obs, rule, next_layer)
+        return found, columns, solution
+
+    found, columns, solution = select_and_solve()
     # Exact needs every column verified; under noise, or at float32's round-off, columns
     # verified at that level can still be off (16 float32 digits at m=200 verified 16 mixes),
     # so each sample's inactive neurons must also match its gradient's zeros. (At float64's
     # round-off the certificate is exact already, and multi-step updates legitimately match
     # less: their zeros are those shared by every local step.)
     coarse = bool(noise_std) or obs.precision >= FLOAT32_PRECISION
+    repairs = 0
+    while (
+        coarse
+        and geom is not None
+        and found >= b
+        and 0 < int((solution.matching < _EXACT_MATCHING).sum()) <= _MIX_SUSPECTS
+        and repairs < _REPAIRS
+        and not out_of_time()
+    ):
+        # A full pool whose samples do not all match holds a mix that passed the noise-level
+        # certificate: evict it and the samples it corrupts, and search on (DP sigma=1e-6,
+        # B=150, m=4000, seed 2: one mix, two samples under 0.95, 149 of 150 near-exact).
+        repairs += 1
+        _evict_mismatched(pool, columns, solution.matching)
+        harvest.reopen()
+        more_rounds, more_starts = _sign_rounds(harvest, geom, b, generator, out_of_time, null_step)
+        sign_rounds, sign_starts = sign_rounds + more_rounds, sign_starts + more_starts
+        if _few_missing(config, b, len(pool)):
+            _deflate(harvest, b, generator)
+        again = select_and_solve()
+        if again[0] < b or float(again[2].matching.min()) <= float(solution.matching.min()):
+            break  # no better: keep what the search had before
+        found, columns, solution = again
+    # Harvests inside the search were timed under both stages: report them under refine only.
+    clock.seconds["search"] = clock.seconds.get("search", 0.0) - harvest.midway_seconds
+    verified = torch.zeros(b, dtype=torch.bool)
+    verified[: min(found, b)] = True
     matched = not coarse or float(solution.matching.min()) >= _EXACT_MATCHING
     exact = found >= b and matched
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
@@ -674,6 +734,7 @@ def run_spearpp(
             "settled_last": harvest.settled_last,
             "unpinned_last": int(harvest.unpinned is not None),
             "next_layer_settled": settled,
+            "repairs": repairs,
         },
         settings=settings,
         reason=""

@@ -28,6 +28,8 @@ class ColumnPool:
         self.zeros = torch.zeros(0, dtype=torch.long, device=device)
         self._spares = Candidates.empty(dim, device)
         self._spare_cap = spares
+        # Directions evicted as mixes: never admitted again, and points near them are dropped.
+        self._banned = torch.zeros(0, dim, dtype=torch.float64, device=device)
 
     def __len__(self) -> int:
         return int(self.columns.shape[0])
@@ -40,7 +42,7 @@ class ColumnPool:
         before = len(self)
         ok = cands.verified
         for q, z in zip(cands.directions[ok], cands.zeros[ok], strict=True):
-            if not self._near(q[None], self.columns, self._same).any():
+            if not self._near(q[None], torch.cat([self.columns, self._banned]), self._same).any():
                 self.columns = torch.cat([self.columns, q[None]])
                 self.zeros = torch.cat([self.zeros, z[None]])
         spare = ~cands.verified & ~cands.mixed
@@ -57,9 +59,14 @@ class ColumnPool:
         self.columns = torch.cat([self.columns, column[None]])
         self.zeros = torch.cat([self.zeros, zeros.reshape(1)])
 
+    def evict(self, drop: torch.Tensor, ban: torch.Tensor) -> None:
+        """Remove the columns of mask ``drop``; those of mask ``ban`` are never taken again."""
+        self._banned = torch.cat([self._banned, self.columns[ban]])
+        self.columns, self.zeros = self.columns[~drop], self.zeros[~drop]
+
     def near_found(self, points: torch.Tensor, cosine: float) -> torch.Tensor:
-        """Mask of ``points`` (any scale) within ``cosine`` of a found column."""
-        return self._near(points.to(torch.float64), self.columns, cosine)
+        """Mask of ``points`` (any scale) within ``cosine`` of a found or banned column."""
+        return self._near(points.to(torch.float64), torch.cat([self.columns, self._banned]), cosine)
 
     def spares(self) -> torch.Tensor:
         """Unverified candidates, most zeros first, distinct from the columns and each other."""
