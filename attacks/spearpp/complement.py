@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from attacks.spearpp import signs
 from attacks.spearpp.refine import ZeroRule, pin_rows, zero_mask
 from attacks.spearpp.signs import (
     MARGIN_NEWTON_STEPS,
@@ -138,12 +139,17 @@ def complement_columns(
     smallest = NULL_STEPS[null_step]
     solved = []
     for k in counts:
-        # One null step, no reweighting: a direction near a sample's input picks its true zeros.
-        picked = rows[order[:, :k]]
-        if modulo:
-            solved.append(_null_modulo(picked, found_rows, outside))
-        else:
-            solved.append(smallest(_gram(picked), start))
+        # A chunk of directions at a time: their rows are gathered (K x k x B, and as large
+        # again in _null_modulo's images); at B=512, m=4000 all at once asked for 4.3 GB each.
+        chunk = max(1, signs.GATHER_ELEMENTS // (k * b))
+        for begin in range(0, order.shape[0], chunk):
+            # One null step, no reweighting: a direction near a sample's input picks its true
+            # zeros.
+            picked = rows[order[begin : begin + chunk, :k]]
+            if modulo:
+                solved.append(_null_modulo(picked, found_rows, outside))
+            else:
+                solved.append(smallest(_gram(picked), start[begin : begin + chunk]))
     solved_all = torch.cat(solved)
     # On rows of U the null direction is S q, an engine direction already.
     points = torch.nn.functional.normalize(solved_all * (1 if engine_rows else scale), dim=1)

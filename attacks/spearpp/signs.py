@@ -65,7 +65,8 @@ _INVERSE_SEED = 1e-6
 MARGIN_NEWTON_STEPS = 8
 _LINE_SEARCH_SIZES = 4
 _MARGIN_RIDGE = 1e-6
-# Elements of the rows gathered at once for the max-margin Hessians (see _hinge_hessian).
+# Elements of rows gathered at once: the max-margin Hessians (see _hinge_hessian) and the
+# complement's null steps (see complement.complement_columns).
 GATHER_ELEMENTS = 1 << 24
 # A point leaves a deflated stage of the sign search once a null step moves it less than this
 # (cosine of 0.5 degrees; see sign_search's ``drop_fixed``).
