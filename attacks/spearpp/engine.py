@@ -92,6 +92,11 @@ _LAST_MATCH = 0.95
 # rounds until the pool is full again: one sufficed where a mix had passed (DP sigma=1e-6,
 # B=150, m=4000, seed 2), a second covers a wrong guess of which suspect is the mix.
 _REPAIRS = 2
+# Idle sign rounds after an eviction: where a mix was evicted the first round found the
+# columns (DP sigma=1e-6, B=150, m=4000, seed 2: 4 new in one round of 8 starts); where noise,
+# not a mix, lowers the matching (DP sigma=1e-4, B=20, m=200) none does, and the default
+# patience made the attack 3 to 8 times slower for nothing.
+_REPAIR_PATIENCE = 2
 # Most samples under _EXACT_MATCHING for which a repair is tried: a mix corrupts two; many
 # more point to another cause (multi-step updates' zeros, scales), which evictions cannot fix.
 _MIX_SUSPECTS = 4
@@ -399,9 +404,11 @@ def _sign_rounds(
     generator: torch.Generator,
     out_of_time: Callable[[], bool],
     null_step: str,
+    patience: int | None = None,
 ) -> tuple[int, int]:
-    """Rounds of the sign-consistency search until the pool is full, it stalls, or time is up;
-    the number of rounds run and of starts they used."""
+    """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
+    rounds that find nothing, by default the config's), or time is up; the number of rounds
+    run and of starts they used."""
     pool, config = harvest.pool, harvest.config
     # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
     inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
@@ -412,7 +419,8 @@ def _sign_rounds(
     # quarter of them has been found (m=1000, B=150, past the limit: 6 s of refinement and 10 s
     # of search per round, 580 to 596 candidates and none new, 4 times with 1 to 5 found).
     fruitless = math.inf
-    while len(pool) < batch_size and idle < config.sign_patience and not out_of_time():
+    patience = config.sign_patience if patience is None else patience
+    while len(pool) < batch_size and idle < patience and not out_of_time():
         with harvest.clock.stage("search"):
             fresh = pool.columns[inputs.shape[0] :]
             if fresh.shape[0]:  # the deflation changes only when the pool grew
@@ -682,7 +690,9 @@ def run_spearpp(
         repairs += 1
         _evict_mismatched(pool, columns, solution.matching)
         harvest.reopen()
-        more_rounds, more_starts = _sign_rounds(harvest, geom, b, generator, out_of_time, null_step)
+        more_rounds, more_starts = _sign_rounds(
+            harvest, geom, b, generator, out_of_time, null_step, _REPAIR_PATIENCE
+        )
         sign_rounds, sign_starts = sign_rounds + more_rounds, sign_starts + more_starts
         if _few_missing(config, b, len(pool)):
             _deflate(harvest, b, generator)
