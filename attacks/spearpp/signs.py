@@ -68,6 +68,9 @@ _MARGIN_RIDGE = 1e-6
 # Elements of rows gathered at once: the max-margin Hessians (see _hinge_hessian) and the
 # complement's null steps (see complement.complement_columns).
 GATHER_ELEMENTS = 1 << 24
+# Elements of the B x B Hessians of max-margin fits held at once (several copies live): a
+# complement round's 3,000 candidates at B=512, m=4000 asked for 6.4 GB per copy.
+FIT_ELEMENTS = 1 << 26
 # A point leaves a deflated stage of the sign search once a null step moves it less than this
 # (cosine of 0.5 degrees; see sign_search's ``drop_fixed``).
 _SETTLED_COSINE = math.cos(math.radians(0.5))
@@ -375,7 +378,7 @@ def _stages(iterations: int, free_iterations: int, whole: bool) -> list[tuple[in
 
 
 def fit_inputs(pre: torch.Tensor, active: torch.Tensor, gather: bool | None = None) -> torch.Tensor:
-    """Max-margin input coordinates for activity patterns.
+    """Max-margin input coordinates for activity patterns, :data:`FIT_ELEMENTS` at a time.
 
     Minimises sum_j max(0, 1 - s_j a_j . p)^2 + ridge |p|^2 (s_j = +1 on active rows, -1 on
     inactive ones) by Newton steps with backtracking, from the least-squares fit.
@@ -395,6 +398,15 @@ def fit_inputs(pre: torch.Tensor, active: torch.Tensor, gather: bool | None = No
     torch.Tensor
         c x B coordinates, one row per pattern.
     """
+    if not active.shape[0]:
+        return pre.new_zeros(0, pre.shape[1])
+    # Each fit is its own (its start, Newton steps and step sizes): chunks change nothing.
+    chunk = max(1, FIT_ELEMENTS // pre.shape[1] ** 2)
+    return torch.cat([_fit_some(pre, part, gather) for part in active.split(chunk)])
+
+
+def _fit_some(pre: torch.Tensor, active: torch.Tensor, gather: bool | None) -> torch.Tensor:
+    """:func:`fit_inputs` of all of ``active``'s patterns at once."""
     sign = torch.where(active, 1.0, -1.0).to(pre.dtype).T  # m x c
     p = torch.linalg.lstsq(pre, sign).solution
     eye = torch.eye(pre.shape[1], dtype=pre.dtype, device=pre.device)
