@@ -42,7 +42,7 @@ class ColumnPool:
         before = len(self)
         ok = cands.verified
         for q, z in zip(cands.directions[ok], cands.zeros[ok], strict=True):
-            if not self._near(q[None], torch.cat([self.columns, self._banned]), self._same).any():
+            if not self._taken(q[None], self._same).any():
                 self.columns = torch.cat([self.columns, q[None]])
                 self.zeros = torch.cat([self.zeros, z[None]])
         spare = ~cands.verified & ~cands.mixed
@@ -66,7 +66,11 @@ class ColumnPool:
 
     def near_found(self, points: torch.Tensor, cosine: float) -> torch.Tensor:
         """Mask of ``points`` (any scale) within ``cosine`` of a found or banned column."""
-        return self._near(points.to(torch.float64), torch.cat([self.columns, self._banned]), cosine)
+        return self._taken(points.to(torch.float64), cosine)
+
+    def _taken(self, points: torch.Tensor, cosine: float) -> torch.Tensor:
+        """Mask of ``points`` within ``cosine`` of a column or a banned direction."""
+        return self._near(points, self.columns, cosine) | self._near(points, self._banned, cosine)
 
     def spares(self) -> torch.Tensor:
         """Unverified candidates, most zeros first, distinct from the columns and each other."""
