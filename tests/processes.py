@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from fl_sim.bench.proctree import descendants, stop_trees
@@ -30,6 +33,22 @@ starts = 500
 steps = 500
 max_passes = 2
 """
+
+
+@contextlib.contextmanager
+def ctrl_c_reachable() -> Iterator[None]:
+    """Processes started inside get SIGINT's default disposition, as from a terminal.
+
+    A test run started as a background job of a shell without job control (``cmd &`` in a
+    script) has SIGINT ignored (POSIX), and exec passes an ignored signal on: a Ctrl-C test's
+    SIGINT would then never reach the command. A caught signal is reset to its default by exec,
+    so the parent catches it while the child starts.
+    """
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 class Processes:

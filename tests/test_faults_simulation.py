@@ -24,6 +24,7 @@ from fl_sim.config import Scenario, parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.run import run_scenario
 from strategies.reply import ARRAYS
+from tests.processes import ctrl_c_reachable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,9 +137,10 @@ def test_ctrl_c_writes_the_summary_and_report_and_exits_130(tmp_path: Path) -> N
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "fl_sim.cli", "-q", "run", str(config), "--out", str(run_dir)]
     command += ["--runtime", "legacy"]
-    proc = subprocess.Popen(
-        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    with ctrl_c_reachable():
+        proc = subprocess.Popen(
+            command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
     try:
         rounds = run_dir / "rounds.jsonl"
         deadline = time.monotonic() + 120

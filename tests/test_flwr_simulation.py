@@ -32,7 +32,7 @@ from fl_sim.apps.flwr_simulation import (
 from fl_sim.bench.proctree import descendants, stop_trees
 from fl_sim.config import parse_scenario
 from fl_sim.run import RunStoppedError, run_scenario
-from tests.processes import TWO_CLIENTS
+from tests.processes import TWO_CLIENTS, ctrl_c_reachable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -217,14 +217,15 @@ def test_ctrl_c_stops_the_run_and_its_superlink(tmp_path: Path, short_tmp: Path)
     config.write_text(TINY.replace("rounds = 2", "rounds = 20"))
     run_dir = tmp_path / "run"
     tmp = short_tmp
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fl_sim.cli", "run", str(config), "--out", str(run_dir)],
-        env=_env(tmp),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # as on a terminal: SIGINT to fl-sim's own process group
-    )
+    with ctrl_c_reachable():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fl_sim.cli", "run", str(config), "--out", str(run_dir)],
+            env=_env(tmp),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # as on a terminal: SIGINT to fl-sim's own process group
+        )
     try:
         deadline = time.monotonic() + 600
         while rundir.last_round(run_dir) < 1 and time.monotonic() < deadline:
