@@ -222,6 +222,47 @@ def test_inverse_iteration_matches_eigh(seed: int) -> None:
     assert torch.allclose(fast.norm(dim=1), torch.ones(k, dtype=torch.float64))
 
 
+def _irls_reference(
+    rows: torch.Tensor, q: torch.Tensor, complement: torch.Tensor, use: torch.Tensor
+) -> torch.Tensor:
+    """The deflated null step as first written: each B x B Gram matrix projected onto the
+    complement at every IRLS step, in full coordinates."""
+    mask = use.to(rows.dtype)
+    weights = mask
+    for step in range(signs.IRLS_STEPS):
+        if step:
+            size = torch.einsum("krb,kb->kr", rows, q).abs()
+            weights = mask / size.clamp_min(1e-6 * size.amax(dim=1, keepdim=True))
+        gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
+        inner = complement.T @ gram @ complement
+        q = torch.linalg.eigh(inner)[1][:, :, 0] @ complement.T
+    return q
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deflated_null_step_on_projected_rows_is_the_projected_gram_step(seed: int) -> None:
+    """Deflated null steps run on rows projected onto the complement once (K x r x c), not on
+    each B x B Gram matrix projected per IRLS step: the same robust null direction, here one
+    the rows nearly miss inside the complement, with a few rows left out."""
+    g = torch.Generator().manual_seed(seed)
+    k, r, b, c = 5, 80, 24, 15
+    complement = torch.linalg.qr(torch.randn(b, c, generator=g, dtype=torch.float64)).Q
+    hidden = torch.nn.functional.normalize(
+        torch.randn(k, c, generator=g, dtype=torch.float64) @ complement.T
+    )
+    rows = torch.randn(k, r, b, generator=g, dtype=torch.float64)
+    rows -= torch.einsum("krb,kb->kr", rows, hidden)[..., None] * hidden[:, None]
+    rows += 1e-3 * torch.randn(k, r, b, generator=g, dtype=torch.float64)
+    use = torch.rand(k, r, generator=g) > 0.1
+    start = torch.randn(k, b, generator=g, dtype=torch.float64)
+    step = signs._null_step(rows @ complement, start @ complement, signs._eigh_smallest, use)
+    fast = step @ complement.T
+    reference = _irls_reference(rows, start, complement, use)
+    ones = torch.ones(k, dtype=torch.float64)
+    assert torch.allclose(_cosine(fast, reference).abs(), ones, atol=1e-10)
+    assert (_cosine(fast, hidden).abs() > 0.999).all()
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_mix_of_two_columns_is_not_a_fixed_point(seed: int) -> None:
     # A mix's shared zeros are exact zeros too: labelled at their jump from the first
