@@ -331,7 +331,6 @@ def sign_search(
         drop_fixed = q.device.type == "cpu"
     for length, deflated, at_jump in _stages(iterations, free_iterations, whole):
         deflate = complement if deflated else None
-        coords = step_rows if deflate is None else deflated_rows
         live = torch.arange(q.shape[0], device=q.device)
         last: tuple[torch.Tensor, torch.Tensor] | None = None
         for _ in range(length):
@@ -346,9 +345,9 @@ def sign_search(
                     break
             before = torch.nn.functional.normalize(q[live] * scale, dim=1)
             if deflate is None:
-                v = _null_step(coords[picked], before, smallest, use)
+                v = _null_step(step_rows[picked], before, smallest, use)
             else:
-                v = _null_step(coords[picked], before @ deflate, smallest, use) @ deflate.T
+                v = _null_step(deflated_rows[picked], before @ deflate, smallest, use) @ deflate.T
             q[live] = torch.nn.functional.normalize(v / scale, dim=1)
             last = (picked, use)
             if drop_fixed and deflate is not None:
