@@ -232,7 +232,7 @@ def _irls_reference(
     for step in range(signs.IRLS_STEPS):
         if step:
             size = torch.einsum("krb,kb->kr", rows, q).abs()
-            weights = mask / size.clamp_min(1e-6 * size.amax(dim=1, keepdim=True))
+            weights = mask / size.clamp_min(signs._IRLS_FLOOR * size.amax(dim=1, keepdim=True))
         gram = torch.einsum("krb,kr,krc->kbc", rows, weights, rows)
         inner = complement.T @ gram @ complement
         q = torch.linalg.eigh(inner)[1][:, :, 0] @ complement.T
