@@ -73,6 +73,11 @@ class Reconstruction:
         ``weakest_over_edge`` and ``bulk_top_over_edge``).
     noise_note
         What the spectrum says of the noise, in words.
+    stray_zeros
+        SPEAR++: per sample, the share of its column's zeros on neurons its input activates at
+        the sent weights (:func:`attacks.spearpp.solve.stray_zeros`; 0 for a one-step update's
+        true column, about half for a mix of columns). Above 0.1 anywhere, nothing in the batch
+        is certified by its columns.
     """
 
     inputs: torch.Tensor
@@ -93,6 +98,7 @@ class Reconstruction:
     batch_size_confidence: float = 1.0
     spectrum: dict[str, float] = field(default_factory=dict)
     noise_note: str = ""
+    stray_zeros: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
 
     def summary(self) -> dict[str, Any]:
         """Everything but the inputs, as JSON-ready values."""
@@ -104,6 +110,7 @@ class Reconstruction:
             "verified": int(self.verified.sum()),
             "certified": int(self.certified.sum()),
             "confidence_mean": float(self.confidence.mean()) if self.batch_size else 0.0,
+            "stray_zeros_max": float(self.stray_zeros.max()) if len(self.stray_zeros) else None,
             "batch_size_confidence": self.batch_size_confidence,
             "noise_declared": self.noise_declared,
             "noise_std_estimated": self.noise_std_estimated,

@@ -15,7 +15,7 @@ import torch
 from attacks import SpearConfig, paper_config
 from attacks.spearpp.config import NullStep, Optimiser, Search, Surrogate
 from clients.defences import training_defences, training_settings
-from fl_sim.bench import scale, secagg, throughput
+from fl_sim.bench import certificates, scale, secagg, throughput
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
@@ -579,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     throughput.add_command(bench)
     scale.add_command(bench)
     secagg.add_command(bench)
+    certificates.add_command(bench)
     return parser
 
 

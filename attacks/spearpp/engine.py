@@ -42,6 +42,7 @@ from attacks.spearpp.solve import (
     greedy_select,
     solve_inputs,
     sparsity_matching,
+    stray_zeros,
 )
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ _NOISY_MIN_AGREEMENT = 0.92
 _SAME_DIRECTION = 1 - 1e-9
 # Lowest sparsity matching coefficient of a sample in a batch called exact.
 _EXACT_MATCHING = 0.95
+# Highest share of a sample's zeros on neurons its input activates at the sent weights
+# (solve.stray_zeros) in a batch whose columns are certified.
+_STRAY_MAX = 0.1
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
 # Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
@@ -705,7 +709,11 @@ def run_spearpp(
     verified = torch.zeros(b, dtype=torch.bool)
     verified[: min(found, b)] = True
     matched = not coarse or float(solution.matching.min()) >= _EXACT_MATCHING
-    exact = found >= b and matched
+    stray = stray_zeros(columns, solution.inputs, left, obs, rule)
+    # A mix put in one sample's place corrupts another sample's input (a row of Q^-1), so one
+    # inconsistent sample withdraws every column-based certificate of the batch.
+    consistent = bool((stray <= _STRAY_MAX).all())
+    exact = found >= b and matched and consistent
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
     confidence, settled = solution.matching, 0
     if not exact and found == b - 1 and harvest.unpinned is not None and not coarse:
@@ -716,11 +724,19 @@ def run_spearpp(
         with clock.stage("solve"):
             inputs, fixed = settle_uncertain(inputs, doubtful, b - 1, obs)
             confidence = sparsity_matching(columns, inputs, left, obs, rule)
-        certified, settled = ~doubtful | fixed, int(fixed.sum())
+            stray = stray_zeros(columns, inputs, left, obs, rule)
+        consistent = bool((stray <= _STRAY_MAX).all())
+        certified, settled = (~doubtful | fixed) & consistent, int(fixed.sum())
         exact = bool(certified.all())
-    if not exact:
+    # A full pool whose samples' zeros fall on active neurons holds mixes, and mixes arise where
+    # the output gradients are dependent; there two neurons of one active set agree as if one
+    # sample were alone (binary one-hidden-layer nets: every row is w_j sum_S s_i x_i).
+    mixed = found >= b and not consistent
+    if not exact and not mixed:
         with clock.stage("solve"):
-            isolated = isolated_samples(obs.grad_weight, obs.grad_bias, obs.precision, generator)
+            isolated = isolated_samples(
+                obs.grad_weight, obs.grad_bias, obs.precision, generator, rule.noise_std
+            )
             inputs, alone = with_isolated(inputs, isolated)
             certified = certified | alone
     status: Status = "exact" if exact else ("partial" if found or certified.any() else "failed")
@@ -733,6 +749,7 @@ def run_spearpp(
         confidence=confidence.cpu(),
         verified=verified,
         certified=certified.cpu(),
+        stray_zeros=stray.cpu(),
         timings=clock.seconds,
         counts={
             "starts": starts + sign_starts,
@@ -750,7 +767,14 @@ def run_spearpp(
         reason=""
         if exact
         else (
-            f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples "
+            f"not identifiable from this update: all {b} columns verified, but "
+            f"{int((stray > _STRAY_MAX).sum())} samples' zeros fall on neurons their inputs "
+            f"activate at the sent weights (up to {float(stray.max()):.2f} of them), as a mix "
+            "of columns does where the output gradients are dependent (few classes above one "
+            "hidden layer), or local training that drifted far from the sent weights; nothing "
+            "is certified"
+            if mixed
+            else f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples "
             f"certified, lowest sparsity matching {float(confidence.min()):.3f}"
             + (
                 f"; the last sample's input is exact, but {int((~certified).sum())} samples' "

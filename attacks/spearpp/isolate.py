@@ -21,6 +21,12 @@ _SKETCH = 16
 # Two neurons' ratios agree when their distance is this far below their size, relative to the
 # gradient's own round-off.
 _AGREE_FACTOR = 100.0
+# With a float32 gradient's round-off known per entry, two ratios agree within this many of its
+# standard deviations each (ratio error: round-off * sqrt(n + |ratio|^2) / |db_j|). The relative
+# rule alone lets shared neurons of small float32 nets agree by accident: 16 inputs, 60
+# neurons, 3 classes: two neurons active for samples {0, 3} within 1.3e-3 of each other, where
+# the float32 tolerance was 1.2e-3 and truly isolating pairs agree within 2e-6.
+_ROUNDOFF_SIGMAS = 6.0
 
 
 def isolated_samples(
@@ -28,6 +34,7 @@ def isolated_samples(
     grad_bias: torch.Tensor,
     precision: float,
     generator: torch.Generator,
+    roundoff_std: float = 0.0,
 ) -> torch.Tensor:
     """The inputs (c x n) that at least two neurons each isolate, one row per distinct sample.
 
@@ -39,6 +46,9 @@ def isolated_samples(
         Relative round-off of the gradient: ratios within ``_AGREE_FACTOR`` times it agree.
     generator
         Source of the sketch directions.
+    roundoff_std
+        Per-entry std of the gradient's noise or float32 round-off (0: none known): where
+        given, ratios must also agree within the error it puts on them.
     """
     n = grad_weight.shape[1]
     empty = torch.zeros(0, n, dtype=grad_weight.dtype, device=grad_weight.device)
@@ -48,6 +58,9 @@ def isolated_samples(
     ratios = grad_weight[big] / grad_bias[big, None]
     size = ratios.norm(dim=1)
     tol = _AGREE_FACTOR * precision * size
+    if roundoff_std:
+        spread = roundoff_std * (n + size**2).sqrt() / grad_bias[big].abs()
+        tol = torch.minimum(tol, _ROUNDOFF_SIGMAS * spread)
     sketch = torch.randn(n, _SKETCH, generator=generator, dtype=ratios.dtype).to(ratios.device)
     sketch = sketch / n**0.5
     # Projections shrink distances, so every agreeing pair is a candidate; candidates are then

@@ -117,6 +117,28 @@ def sparsity_matching(
     return ((zero & inactive).sum(dim=1) / union).to(torch.float64)
 
 
+def stray_zeros(
+    columns: torch.Tensor,
+    inputs: torch.Tensor,
+    left: torch.Tensor,
+    obs: LayerObservation,
+    rule: ZeroRule,
+) -> torch.Tensor:
+    """Per sample, the share of the zeros of L q_i that fall on neurons its input activates at
+    the sent weights (W_j x_i + b_j > 0).
+
+    A true column of a one-step update has none: its zeros are its inactive neurons (and
+    neurons the layers above give no gradient). A mix of columns whose output gradients cancel
+    (any C samples of a one-hidden-layer net with C classes) is zero where they are all
+    active too, so put in sample j's place about half its zeros are neurons x_j activates. A
+    multi-step update's true columns drift from the sent weights by the few neurons that local
+    training switched off (see ``engine._STRAY_MAX``).
+    """
+    zero = zero_mask(left, columns, rule)
+    active = inputs @ obs.weight.T + obs.bias > 0
+    return ((zero & active).sum(dim=1) / zero.sum(dim=1).clamp_min(1)).to(torch.float64)
+
+
 def complete_basis(columns: torch.Tensor, spares: torch.Tensor, size: int) -> torch.Tensor:
     """Fill a short set of columns up to ``size``: best spares first, then an orthonormal
     complement of their span (step 7), so a short pool still yields a partial reconstruction."""

@@ -1,0 +1,64 @@
+"""``fl-sim bench certificates``: its grid covers what the certificate must hold on, and a run
+judges every sample and writes its table as it goes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fl_sim.bench.certificates import CertificateRow, grid
+from fl_sim.cli import main
+
+
+def test_grid_spans_classes_depths_precisions_defences_and_batch_sizes() -> None:
+    rows = grid()
+    one_hidden = [r for r in rows if r.depth == 2]
+    assert {r.classes for r in one_hidden} == {2, 3, 10}
+    assert {3, 6} <= {r.depth for r in rows}
+    assert {r.dtype for r in rows} == {"float64", "float32"}
+    assert {r.defence for r in rows} == {"fedsgd", "fedavg"}
+    for c in (3, 10):
+        sizes = {r.batch_size for r in one_hidden if r.classes == c}
+        assert min(sizes) < c < max(sizes)
+    assert len({r.name for r in rows}) == len(rows)
+
+
+def test_row_refuses_unknown_settings() -> None:
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        CertificateRow(20, 80, 2, 3, 4, "float16", "fedsgd")
+    with pytest.raises(ValueError, match="defence='dp'"):
+        CertificateRow(20, 80, 2, 3, 4, "float64", "dp")
+
+
+def test_bench_judges_a_mixing_row_without_wrong_certificates(tmp_path: Path) -> None:
+    out = tmp_path / "cert"
+    code = main(
+        [
+            "-q",
+            "bench",
+            "certificates",
+            "--seeds",
+            "2",
+            "--only",
+            "C=3 B=2 float64 fedsgd",
+            "--time-budget",
+            "20",
+            "--out",
+            str(out),
+        ]
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = summary["rows"]
+    assert row["attacks"] == 2 and row["samples"] == 4
+    assert row["wrong_certified"] == 0 and code == 0
+    lines = (out / "attacks.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seed"] for line in lines] == [0, 1]
+    table = (out / "summary.md").read_text()
+    assert "| n=20 m=80 depth=2 C=3 B=2 float64 fedsgd | 2 | 4 |" in table
+
+
+def test_bench_names_the_rows_when_none_matches(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="--only 'C=7' matches none of n=20"):
+        main(["bench", "certificates", "--only", "C=7"])

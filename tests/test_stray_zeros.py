@@ -1,0 +1,53 @@
+"""The activation-consistency check behind the certificate (solve.stray_zeros), in float64 over
+several seeds: a true column of a one-step update has no zeros on neurons its input activates,
+a cancelling mix of two binary-net columns has about half of them there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks.spearpp.inputs import LayerObservation
+from attacks.spearpp.refine import ZeroRule
+from attacks.spearpp.solve import solve_inputs, stray_zeros
+
+
+def _binary_layer(seed: int) -> tuple[torch.Tensor, ...]:
+    """One hidden layer (n=20, m=400) under a 2-class head: every sample's output gradient at
+    the layer is s_i D_i w for one vector w, so any two columns have a cancelling mix."""
+    g = torch.Generator().manual_seed(seed)
+    b, m, n = 6, 400, 20
+    x = torch.rand(b, n, generator=g, dtype=torch.float64)
+    w = torch.randn(m, n, generator=g, dtype=torch.float64) / n**0.5
+    bias = torch.randn(m, generator=g, dtype=torch.float64) * 0.1 - (w @ x.mean(0))
+    head = torch.randn(m, generator=g, dtype=torch.float64)
+    s = torch.randn(b, generator=g, dtype=torch.float64)
+    up = s[:, None] * head * (x @ w.T + bias > 0)  # B x m output gradients
+    return x, w, bias, up
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_true_columns_have_no_stray_zeros_and_a_mix_has_many(seed: int) -> None:
+    x, w, bias, up = _binary_layer(seed)
+    b = x.shape[0]
+    gw, gb = up.T @ x, up.sum(0)
+    u, sv, vh = torch.linalg.svd(gw, full_matrices=False)
+    left, right = u[:, :b], sv[:b, None] * vh[:b]
+    columns = torch.nn.functional.normalize(up @ left, dim=1)  # true columns, in L's basis
+    obs = LayerObservation(gw, gb, w, bias, precision=1e-12)
+    rule = ZeroRule(1e-10, 0.0, 1 / sv[:b])
+    truth = solve_inputs(columns, left, right, obs, rule)
+    assert torch.allclose(truth.inputs, x, atol=1e-8)
+    assert float(stray_zeros(columns, truth.inputs, left, obs, rule).max()) == 0.0
+    # Samples 0 and 1's gradients cancel wherever both are active: the mix is zero there and
+    # wherever both are inactive, as sparse as a true column at activity 1/2.
+    mixed = columns.clone()
+    active = up != 0
+    both = active[0] & active[1]
+    mix = up[0] - up[1] * (up[0] / up[1])[both][0]
+    mixed[0] = torch.nn.functional.normalize(mix @ left, dim=0)
+    assert int((mix.abs() < 1e-12).sum()) == int((both | ~(active[0] | active[1])).sum())
+    wrong = solve_inputs(mixed, left, right, obs, rule)
+    stray = stray_zeros(mixed, wrong.inputs, left, obs, rule)
+    assert float(stray[0]) > 0.25  # about half the mix's zeros are x_0's active neurons
+    assert float(stray.max()) > 0.1  # so the batch is not certified (engine._STRAY_MAX)
