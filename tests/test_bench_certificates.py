@@ -52,7 +52,7 @@ def test_bench_judges_a_mixing_row_without_wrong_certificates(tmp_path: Path) ->
     summary = json.loads((out / "summary.json").read_text())
     (row,) = summary["rows"]
     assert row["attacks"] == 2 and row["samples"] == 4
-    assert row["wrong_certified"] == 0 and code == 0
+    assert row["certified_not_exact"] == 0 and code == 0
     lines = (out / "attacks.jsonl").read_text().splitlines()
     assert [json.loads(line)["seed"] for line in lines] == [0, 1]
     table = (out / "summary.md").read_text()

@@ -63,8 +63,8 @@ def test_a_mix_corrupts_exactly_two_samples_and_is_the_one_banned(seed: int) -> 
     zeros = [2000, 900, 2100, 1900, 2050, 1950]
     pool = ColumnPool(B, torch.device("cpu"), spares=0, same_cosine=1 - 1e-6)
     assert pool.add(_verified(mixed, zeros)) == B
-    matching = torch.tensor([0.99, 0.8, 0.99, 0.98, 0.6, 0.99], dtype=torch.float64)
-    _evict_mismatched(pool, pool.columns, matching)
+    mismatched = torch.tensor([False, True, False, False, True, False])
+    _evict_mismatched(pool, pool.columns, mismatched)
     assert len(pool) == B - 2
     assert pool.add(_verified(mixed[j : j + 1], [900])) == 0  # the mix is banned
     assert pool.add(_verified(q[k : k + 1], [2050])) == 1  # the true column comes back

@@ -9,7 +9,7 @@ import torch
 
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.refine import ZeroRule
-from attacks.spearpp.solve import solve_inputs, stray_zeros
+from attacks.spearpp.solve import inactive_noise, refit_to_inputs, solve_inputs, stray_zeros
 
 
 def _binary_layer(seed: int) -> tuple[torch.Tensor, ...]:
@@ -51,3 +51,39 @@ def test_true_columns_have_no_stray_zeros_and_a_mix_has_many(seed: int) -> None:
     stray = stray_zeros(mixed, wrong.inputs, left, obs, rule)
     assert float(stray[0]) > 0.25  # about half the mix's zeros are x_0's active neurons
     assert float(stray.max()) > 0.1  # so the batch is not certified (engine._STRAY_MAX)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_noise_on_inactive_neurons_and_the_refit_to_them(seed: int) -> None:
+    """Under noise of known level, a true column is noise on its input's inactive neurons
+    (mean square about one noise variance), a mix of two columns is signal there; refitted to
+    the inactive neurons of the (right) input in its place, the mix becomes that sample's column
+    again and every input comes back."""
+    g = torch.Generator().manual_seed(seed)
+    b, m, n, noise = 8, 300, 40, 1e-6
+    x = torch.rand(b, n, generator=g, dtype=torch.float64)
+    w = torch.randn(m, n, generator=g, dtype=torch.float64) / n**0.5
+    bias = torch.randn(m, generator=g, dtype=torch.float64) * 0.1 - (w @ x.mean(0))
+    up = torch.randn(b, m, generator=g, dtype=torch.float64) * (x @ w.T + bias > 0)
+    gw = up.T @ x + noise * torch.randn(m, n, generator=g, dtype=torch.float64)
+    gb = up.sum(0)
+    u, sv, vh = torch.linalg.svd(gw, full_matrices=False)
+    left, right = u[:, :b], sv[:b, None] * vh[:b]
+    columns = torch.nn.functional.normalize(up @ left, dim=1)
+    obs = LayerObservation(gw, gb, w, bias, precision=1e-12)
+    rule = ZeroRule(1e-10, noise, 1 / sv[:b])
+    truth = solve_inputs(columns, left, right, obs, rule)
+    quiet = inactive_noise(columns, truth.inputs, left, obs, rule)
+    assert float(quiet.max()) < 3.0
+    mixed = columns.clone()
+    mixed[0] = torch.nn.functional.normalize(columns[0] + 0.5 * columns[1], dim=0)
+    wrong = solve_inputs(mixed, left, right, obs, rule)
+    assert torch.allclose(wrong.inputs[0], x[0], atol=1e-4)  # the mix's own slot is right
+    assert float(inactive_noise(mixed, wrong.inputs, left, obs, rule)[0]) > 100.0
+    suspects = torch.zeros(b, dtype=torch.bool)
+    suspects[0] = True
+    refitted = refit_to_inputs(mixed, suspects, wrong.inputs, left, obs, rule)
+    assert torch.equal(refitted[1:], mixed[1:])
+    assert float((refitted[0] @ columns[0]).abs()) > 1 - 1e-6
+    again = solve_inputs(refitted, left, right, obs, rule)
+    assert torch.allclose(again.inputs, x, atol=1e-4)

@@ -104,12 +104,16 @@ class ZeroRule:
         """|cosine| above which two directions are one column."""
         return SAME_COLUMN_COSINE_NOISY if self.noise_std else SAME_COLUMN_COSINE
 
+    def entry_std(self, q: torch.Tensor) -> torch.Tensor:
+        """Std of the noise on each entry of L q, per row of ``q`` (c x B); 0 without noise."""
+        std: torch.Tensor = self.noise_std * (q * self.inverse_singular).norm(dim=1)
+        return std
+
     def tolerance(self, q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Absolute zero tolerance per row of ``q`` (c x B) with ``y = q L^T`` (c x m)."""
         tol = self.relative * y.abs().amax(dim=1)
         if self.noise_std:
-            noise = _NOISE_SIGMAS * self.noise_std * (q * self.inverse_singular).norm(dim=1)
-            tol = torch.maximum(tol, noise)
+            tol = torch.maximum(tol, _NOISE_SIGMAS * self.entry_std(q))
         return tol
 
 

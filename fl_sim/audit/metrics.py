@@ -72,6 +72,26 @@ class BatchQuality:
         }
 
 
+def judge_certificates(quality: BatchQuality, certified: torch.Tensor) -> dict[str, int]:
+    """What the attack vouched for (``certified``: per reconstruction), against the truth.
+
+    ``certified_not_exact``: certified reconstructions under 100 dB of their true sample,
+    or matched to none; ``certified_not_near_exact``: the same under 40 dB (a wrong sample,
+    not round-off or noise); ``exact_uncertified``: true samples back at >= 100 dB whose
+    reconstruction was not certified.
+    """
+    vouched = certified.to(torch.bool).cpu().numpy()
+    matched = quality.match >= 0
+    on_truth = np.zeros(len(quality.psnr), dtype=bool)
+    on_truth[matched] = vouched[quality.match[matched]]
+    spare = int(vouched.sum()) - int(on_truth.sum())  # vouched for a sample that was not there
+    return {
+        "certified_not_exact": int((on_truth & (quality.psnr < EXACT_DB)).sum()) + spare,
+        "certified_not_near_exact": int((on_truth & (quality.psnr < NEAR_EXACT_DB)).sum()) + spare,
+        "exact_uncertified": int((~on_truth & (quality.psnr >= EXACT_DB)).sum()),
+    }
+
+
 def match_and_score(reconstructed: torch.Tensor, original: torch.Tensor) -> BatchQuality:
     """Hungarian matching on MSE, then PSNR, MSE and (images only) SSIM per true sample.
 
