@@ -107,7 +107,8 @@ class CertificateRow:
 def grid() -> list[CertificateRow]:
     """The default grid: small one-hidden-layer nets (as tabular apps are built) with 2, 3 and
     10 classes, B below and above C; a small binary net of depth 3; image-sized nets of depth
-    3 and 6; each in float64 and float32, FedSGD and FedAvg."""
+    3 and 6; each in float64 and float32, FedSGD and FedAvg. Then few-class tables trained 300
+    steps, and float32 one-step image clients at initialisation and trained 100 steps."""
     shapes = [
         (20, 80, 2, 2, 4),
         (20, 80, 2, 2, 12),
@@ -126,6 +127,10 @@ def grid() -> list[CertificateRow]:
         for n, m, depth, c, b in shapes
         for dtype in DTYPES
         for defence in DEFENCES
+    ]
+    # Few-class tables once the network has trained.
+    rows += [
+        CertificateRow(20, 80, 2, c, 12, dtype, "fedsgd", 300) for c in (2, 3) for dtype in DTYPES
     ]
     # Float32 one-step clients of a 10-class image net, at initialisation and trained.
     rows += [
