@@ -34,3 +34,18 @@ def test_exact_and_unmatched_samples() -> None:
     assert s["matched"] == 3 and s["share_exact"] == 0.75 and not s["batch_exact"]
     assert q.psnr[3] == 0.0 and q.ssim[3] == 0.0
     assert np.allclose(q.ssim[:3], 1.0)
+
+
+def test_certificates_are_judged_against_the_nearest_true_sample() -> None:
+    """An exact certified reconstruction counts as right even where the Hungarian matching
+    pairs it elsewhere; a certified blend counts as wrong; an exact uncertified one is missed."""
+    from fl_sim.audit.metrics import judge_certificates
+
+    truth = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.2, 0.9]], dtype=torch.float64)
+    rec = torch.tensor([[1.0, 1.0], [0.5, 0.5], [0.0, 0.0]], dtype=torch.float64)
+    judged = judge_certificates(rec, truth, torch.tensor([True, True, False]))
+    assert judged == {
+        "certified_not_exact": 1,  # the blend [0.5, 0.5]
+        "certified_not_near_exact": 1,
+        "exact_uncertified": 1,  # [0, 0], reconstructed exactly but not certified
+    }

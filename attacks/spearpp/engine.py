@@ -37,6 +37,7 @@ from attacks.spearpp.signs import (
     sign_search,
 )
 from attacks.spearpp.solve import (
+    QUIET_INACTIVE,
     Solution,
     complete_basis,
     greedy_select,
@@ -62,9 +63,6 @@ _NOISY_MIN_AGREEMENT = 0.92
 _SAME_DIRECTION = 1 - 1e-9
 # Lowest sparsity matching coefficient of a sample in a batch called exact.
 _EXACT_MATCHING = 0.95
-# Highest mean square, in noise variances, of a column on its sample's inactive neurons for the
-# sample to count as matching where its zero set does not (solve.inactive_noise).
-_QUIET_INACTIVE = 9.0
 # Highest share of a sample's zeros on neurons its input activates at the sent weights
 # (solve.stray_zeros) in a batch whose columns are certified.
 _STRAY_MAX = 0.1
@@ -278,9 +276,9 @@ def _agreeing(
 ) -> torch.Tensor:
     """Per sample, whether its column's zeros agree with its input's inactive neurons at the
     noise level: they match (_EXACT_MATCHING), or the column is only noise on the inactive
-    neurons (_QUIET_INACTIVE) and has no more than _STRAY_MAX of its zeros on active ones."""
+    neurons (solve.QUIET_INACTIVE) and has no more than _STRAY_MAX of its zeros on active ones."""
     inputs = solution.inputs
-    quiet = inactive_noise(columns, inputs, left, obs, rule) <= _QUIET_INACTIVE
+    quiet = inactive_noise(columns, inputs, left, obs, rule) <= QUIET_INACTIVE
     quiet &= stray_zeros(columns, inputs, left, obs, rule) <= _STRAY_MAX
     return (solution.matching >= _EXACT_MATCHING) | quiet
 

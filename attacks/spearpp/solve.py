@@ -9,6 +9,9 @@ import torch
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.refine import ZeroRule, canonical_sign, zero_mask
 
+# Highest mean square, in noise variances, of a column on its sample's inactive neurons for the
+# column to count as zero there (see inactive_noise).
+QUIET_INACTIVE = 9.0
 # Scales this small (relative to the largest) mean the bias gradient does not fix the column.
 _TINY_SCALE = 1e-12
 # Refits of the next layer's per-sample gradients: its hidden vectors depend on the scales only

@@ -176,7 +176,7 @@ def run_case(
         ),
         "seconds": seconds,
         **quality.summary(),
-        **judge_certificates(quality, rec.certified),
+        **judge_certificates(pixels, images, rec.certified),
         "share_near_exact_true_scale": near_exact_at_true_scale(
             rec.inputs, images.to(torch.float64), quality.match, norm
         ),

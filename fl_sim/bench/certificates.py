@@ -184,7 +184,9 @@ def attack_one(row: CertificateRow, seed: int, config: SpearConfig) -> dict[str,
     quality = match_and_score(
         (rec.inputs + shift) / (1 + shift), (x.double() + shift) / (1 + shift)
     )
-    judged = judge_certificates(quality, rec.certified)
+    judged = judge_certificates(
+        (rec.inputs + shift) / (1 + shift), (x.double() + shift) / (1 + shift), rec.certified
+    )
     return {
         "row": row.name,
         "seed": seed,
