@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from attacks.spearpp.inputs import LayerObservation
+from attacks.spearpp.isolate import isolated_samples
 from attacks.spearpp.refine import ZeroRule
-from attacks.spearpp.solve import inactive_noise, refit_to_inputs, solve_inputs, stray_zeros
+from attacks.spearpp.solve import (
+    fits_a_column,
+    inactive_noise,
+    refit_to_inputs,
+    solve_inputs,
+    stray_zeros,
+)
 
 
 def _binary_layer(seed: int) -> tuple[torch.Tensor, ...]:
@@ -87,3 +94,23 @@ def test_noise_on_inactive_neurons_and_the_refit_to_them(seed: int) -> None:
     assert float((refitted[0] @ columns[0]).abs()) > 1 - 1e-6
     again = solve_inputs(refitted, left, right, obs, rule)
     assert torch.allclose(again.inputs, x, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_blends_that_neurons_agree_on_are_told_from_samples(seed: int) -> None:
+    """In a binary net two neurons active for the same samples agree on a blend of them, as if
+    one sample were alone: far more candidates than samples (what the engine refuses), and
+    the column test keeps every true sample of a float64 one-step batch and few blends."""
+    x, w, bias, up = _binary_layer(seed)
+    b = x.shape[0]
+    gw, gb = up.T @ x, up.sum(0)
+    u, sv, _ = torch.linalg.svd(gw, full_matrices=False)
+    left = u[:, :b]
+    obs = LayerObservation(gw, gb, w, bias, precision=1e-9)
+    rule = ZeroRule(1e-9, 0.0, 1 / sv[:b])
+    candidates = isolated_samples(gw, gb, 1e-12, torch.Generator().manual_seed(seed))
+    true = torch.cdist(candidates, x).amin(dim=1) < 1e-8
+    assert len(candidates) > 10 * b
+    assert bool(fits_a_column(x, left, obs, rule).all())
+    fits = fits_a_column(candidates, left, obs, rule)
+    assert int((fits & ~true).sum()) <= 0.1 * int((~true).sum())

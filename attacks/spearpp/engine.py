@@ -38,8 +38,10 @@ from attacks.spearpp.signs import (
 )
 from attacks.spearpp.solve import (
     QUIET_INACTIVE,
+    STRAY_MAX,
     Solution,
     complete_basis,
+    fits_a_column,
     greedy_select,
     inactive_noise,
     refit_to_inputs,
@@ -63,9 +65,6 @@ _NOISY_MIN_AGREEMENT = 0.92
 _SAME_DIRECTION = 1 - 1e-9
 # Lowest sparsity matching coefficient of a sample in a batch called exact.
 _EXACT_MATCHING = 0.95
-# Highest share of a sample's zeros on neurons its input activates at the sent weights
-# (solve.stray_zeros) in a batch whose columns are certified.
-_STRAY_MAX = 0.1
 # Convex trials per deflation round beyond two per missing column.
 _DEFLATE_EXTRA = 4
 # Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
@@ -276,10 +275,10 @@ def _agreeing(
 ) -> torch.Tensor:
     """Per sample, whether its column's zeros agree with its input's inactive neurons at the
     noise level: they match (_EXACT_MATCHING), or the column is only noise on the inactive
-    neurons (solve.QUIET_INACTIVE) and has no more than _STRAY_MAX of its zeros on active ones."""
+    neurons (solve.QUIET_INACTIVE) and has no more than STRAY_MAX of its zeros on active ones."""
     inputs = solution.inputs
     quiet = inactive_noise(columns, inputs, left, obs, rule) <= QUIET_INACTIVE
-    quiet &= stray_zeros(columns, inputs, left, obs, rule) <= _STRAY_MAX
+    quiet &= stray_zeros(columns, inputs, left, obs, rule) <= STRAY_MAX
     return (solution.matching >= _EXACT_MATCHING) | quiet
 
 
@@ -742,7 +741,7 @@ def run_spearpp(
     stray = stray_zeros(columns, solution.inputs, left, obs, rule)
     # A mix put in one sample's place corrupts another sample's input (a row of Q^-1), so one
     # inconsistent sample withdraws every column-based certificate of the batch.
-    consistent = bool((stray <= _STRAY_MAX).all())
+    consistent = bool((stray <= STRAY_MAX).all())
     exact = found >= b and matched and consistent
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
     confidence, settled = solution.matching, 0
@@ -755,7 +754,7 @@ def run_spearpp(
             inputs, fixed = settle_uncertain(inputs, doubtful, b - 1, obs)
             confidence = sparsity_matching(columns, inputs, left, obs, rule)
             stray = stray_zeros(columns, inputs, left, obs, rule)
-        consistent = bool((stray <= _STRAY_MAX).all())
+        consistent = bool((stray <= STRAY_MAX).all())
         certified, settled = (~doubtful | fixed) & consistent, int(fixed.sum())
         exact = bool(certified.all())
     # A full pool whose samples' zeros fall on active neurons holds mixes, and mixes arise where
@@ -767,6 +766,11 @@ def run_spearpp(
             isolated = isolated_samples(
                 obs.grad_weight, obs.grad_bias, obs.precision, generator, rule.noise_std
             )
+            # More samples alone than the batch holds: neurons agree on blends of samples.
+            if len(isolated) <= b:
+                isolated = isolated[fits_a_column(isolated, left, obs, rule)]
+            else:
+                isolated = isolated[:0]
             inputs, alone = with_isolated(inputs, isolated)
             certified = certified | alone
     status: Status = "exact" if exact else ("partial" if found or certified.any() else "failed")
@@ -798,7 +802,7 @@ def run_spearpp(
         if exact
         else (
             f"not identifiable from this update: all {b} columns verified, but "
-            f"{int((stray > _STRAY_MAX).sum())} samples' zeros fall on neurons their inputs "
+            f"{int((stray > STRAY_MAX).sum())} samples' zeros fall on neurons their inputs "
             f"activate at the sent weights (up to {float(stray.max()):.2f} of them), as a mix "
             "of columns does where the output gradients are dependent (few classes above one "
             "hidden layer), or local training that drifted far from the sent weights; nothing "
