@@ -702,7 +702,7 @@ def run_spearpp(
         coarse
         and geom is not None
         and found >= b
-        and 0 < int((~_agreeing(solution, columns, left, obs, rule)).sum()) <= _MIX_SUSPECTS
+        and 0 < int((solution.matching < _EXACT_MATCHING).sum()) <= _MIX_SUSPECTS
         and repairs < _REPAIRS
         and not out_of_time()
     ):
@@ -710,7 +710,7 @@ def run_spearpp(
         # certificate: evict it and the samples it corrupts, and search on (DP sigma=1e-6,
         # B=150, m=4000, seed 2: one mix, two samples under 0.95, 149 of 150 near-exact).
         repairs += 1
-        _evict_mismatched(pool, columns, ~_agreeing(solution, columns, left, obs, rule))
+        _evict_mismatched(pool, columns, solution.matching < _EXACT_MATCHING)
         harvest.reopen()
         more_rounds, more_starts = _sign_rounds(
             harvest, geom, b, generator, out_of_time, null_step, _REPAIR_PATIENCE
