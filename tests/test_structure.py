@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
-    "attacks/spearpp/engine.py": 824,
+    "attacks/spearpp/engine.py": 823,
     "fl_sim/cli.py": 614,
     "fl_sim/apps/flwr_simulation.py": 562,
     "attacks/spearpp/refine.py": 531,

@@ -767,10 +767,7 @@ def run_spearpp(
                 obs.grad_weight, obs.grad_bias, obs.precision, generator, rule.noise_std
             )
             # More samples alone than the batch holds: neurons agree on blends of samples.
-            if len(isolated) <= b:
-                isolated = isolated[fits_a_column(isolated, left, obs, rule)]
-            else:
-                isolated = isolated[:0]
+            isolated = isolated[fits_a_column(isolated, left, obs, rule) & (len(isolated) <= b)]
             inputs, alone = with_isolated(inputs, isolated)
             certified = certified | alone
     status: Status = "exact" if exact else ("partial" if found or certified.any() else "failed")
