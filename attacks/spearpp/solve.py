@@ -113,6 +113,11 @@ def solve_inputs(
     return Solution(inputs=inputs, matching=sparsity_matching(columns, inputs, left, obs, rule))
 
 
+def inactive_neurons(inputs: torch.Tensor, obs: LayerObservation) -> torch.Tensor:
+    """Which neurons each input (n, or c x n) leaves inactive at the sent weights."""
+    return inputs @ obs.weight.T + obs.bias <= 0
+
+
 def sparsity_matching(
     columns: torch.Tensor,
     inputs: torch.Tensor,
@@ -123,7 +128,7 @@ def sparsity_matching(
     """Per sample, the Jaccard index between the zeros of L q_i (``columns``, B x B) and the
     inactive neurons of its input (``inputs``, B x n)."""
     zero = zero_mask(left, columns, rule)  # B x m: each sample's zero output gradients
-    inactive = inputs @ obs.weight.T + obs.bias <= 0
+    inactive = inactive_neurons(inputs, obs)
     union = (zero | inactive).sum(dim=1).clamp_min(1)
     return ((zero & inactive).sum(dim=1) / union).to(torch.float64)
 
@@ -148,7 +153,7 @@ def inactive_noise(
     if not bool((std > 0).all()):
         return torch.full((columns.shape[0],), torch.inf, dtype=torch.float64)
     y = columns @ left.T
-    inactive = inputs @ obs.weight.T + obs.bias <= 0
+    inactive = inactive_neurons(inputs, obs)
     square = (y / std[:, None]).square() * inactive
     return (square.sum(dim=1) / inactive.sum(dim=1).clamp_min(1)).to(torch.float64)
 
@@ -169,7 +174,7 @@ def refit_to_inputs(
     refitted = columns.clone()
     scale = 1 / rule.inverse_singular
     for i in torch.nonzero(rows).flatten().tolist():
-        inactive = inputs[i] @ obs.weight.T + obs.bias[None] <= 0
+        inactive = inactive_neurons(inputs[i], obs)
         weighted = left[inactive.flatten()] * scale
         _, vectors = torch.linalg.eigh(weighted.T @ weighted)
         refitted[i] = canonical_sign((vectors[:, 0] * scale)[None])[0]
@@ -198,7 +203,7 @@ def fits_a_column(
     scale = 1 / rule.inverse_singular
     fits = torch.zeros(inputs.shape[0], dtype=torch.bool, device=inputs.device)
     for i, x in enumerate(inputs):
-        inactive = x @ obs.weight.T + obs.bias <= 0
+        inactive = inactive_neurons(x, obs)
         if int(inactive.sum()) < left.shape[1]:
             continue  # too few zeros to pin a column
         if rule.noise_std:
@@ -234,7 +239,7 @@ def stray_zeros(
     training switched off (see ``engine._STRAY_MAX``).
     """
     zero = zero_mask(left, columns, rule)
-    active = inputs @ obs.weight.T + obs.bias > 0
+    active = ~inactive_neurons(inputs, obs)
     return ((zero & active).sum(dim=1) / zero.sum(dim=1).clamp_min(1)).to(torch.float64)
 
 
