@@ -62,3 +62,23 @@ def test_bench_judges_a_mixing_row_without_wrong_certificates(tmp_path: Path) ->
 def test_bench_names_the_rows_when_none_matches(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="--only 'C=7' matches none of n=20"):
         main(["bench", "certificates", "--only", "C=7"])
+
+
+def test_bench_resumes_from_the_attacks_a_killed_run_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "cert"
+    args = ["-q", "bench", "certificates", "--only", "depth=2 C=10 B=4 float64 fedsgd"]
+    args += ["--time-budget", "20", "--out", str(out)]
+    assert main([*args, "--seeds", "1"]) == 0
+    (first,) = (out / "attacks.jsonl").read_text().splitlines()
+    # A crash while writing leaves a line cut short: it is skipped, not glued to the next.
+    with (out / "attacks.jsonl").open("a") as cut:
+        cut.write('{"row": "n=20')
+    assert main([*args, "--seeds", "2"]) == 0
+    lines = (out / "attacks.jsonl").read_text().splitlines()
+    assert lines[0] == first and lines[1] == '{"row": "n=20'
+    assert [json.loads(line)["seed"] for line in lines[2:]] == [1]
+    (row,) = json.loads((out / "summary.json").read_text())["rows"]
+    assert row["attacks"] == 2 and row["samples"] == 8
+    # Another budget is another measurement: nothing is taken over.
+    assert main([*args[:-4], "--time-budget", "21", "--out", str(out), "--seeds", "1"]) == 0
+    assert len((out / "attacks.jsonl").read_text().splitlines()) == 4

@@ -190,6 +190,7 @@ def attack_one(row: CertificateRow, seed: int, config: SpearConfig) -> dict[str,
     return {
         "row": row.name,
         "seed": seed,
+        "time_budget_s": config.time_budget_s,
         "status": rec.status,
         "reason": rec.reason,
         "samples": row.batch_size,
@@ -255,11 +256,29 @@ def markdown(summaries: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def finished_attacks(path: Path, config: SpearConfig) -> dict[tuple[str, int], dict[str, Any]]:
+    """The attacks an earlier run of the same budget wrote to ``path``, by row and seed.
+
+    A line cut short by a crash is left out (its attack runs again)."""
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    if not path.exists():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("time_budget_s") == config.time_budget_s:
+            done[(record["row"], record["seed"])] = record
+    return done
+
+
 def run_certificates(
     rows: Iterable[CertificateRow], seeds: range, config: SpearConfig, out: Path, command: str
 ) -> list[dict[str, Any]]:
     """Attack every row over ``seeds``; each attack appended to ``attacks.jsonl`` as it ends,
-    the table rewritten after each row."""
+    the table rewritten after each row. Attacks already in ``out`` at the same time budget are
+    taken from there, so a run killed part-way resumes where it stopped."""
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "command": command,
@@ -267,14 +286,24 @@ def run_certificates(
         "seeds": list(seeds),
         "attack": config.as_dict(),
     }
+    path = out / "attacks.jsonl"
+    done = finished_attacks(path, config)
+    if done:
+        log.info("resuming: %d attacks already in %s", len(done), path)
+    if path.exists() and not path.read_bytes().endswith(b"\n"):
+        with path.open("a") as cut:
+            cut.write("\n")
     summaries: list[dict[str, Any]] = []
-    with (out / "attacks.jsonl").open("a") as attacks:
+    with path.open("a") as attacks:
         for row in rows:
             runs = []
             for seed in seeds:
-                runs.append(attack_one(row, seed, config))
-                attacks.write(json.dumps(runs[-1]) + "\n")
-                attacks.flush()
+                record = done.get((row.name, seed))
+                if record is None:
+                    record = attack_one(row, seed, config)
+                    attacks.write(json.dumps(record) + "\n")
+                    attacks.flush()
+                runs.append(record)
             summaries.append(summarise(row, runs))
             log.info(
                 "%s: %d wrong certificates, %d exact uncertified",

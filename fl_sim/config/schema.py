@@ -78,8 +78,7 @@ class DataSpec(Settings):
         """Only CIFAR-10's images are mirrored (see ``mirror``)."""
         if self.mirror and self.source != "cifar10":
             raise ValueError(
-                f"data.mirror = true with data.source = {self.source!r}: only 'cifar10' is "
-                "mirrored"
+                f"data.mirror = true with data.source = {self.source!r}: only 'cifar10' is mirrored"
             )
         return self
 

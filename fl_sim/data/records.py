@@ -100,4 +100,3 @@ class RecordSet:
             labels=np.concatenate([self.labels, self.labels[new]]),
             source=f"{self.source}+mirrored",
         )
-
