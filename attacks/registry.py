@@ -1,7 +1,7 @@
 """The attacks by name, each behind one signature: what the server holds in, a reconstruction out.
 
 The audit picks attacks from :data:`ATTACKS` by the names its config lists; adding an attack is
-one entry here.
+one registration here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from attacks.result import Reconstruction
 from attacks.spearpp import SpearConfig, run_spearpp
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import LayerObservation, observe_layer, resolve_device
+from flsim_plugins import Registry
 
 
 @dataclass(frozen=True)
@@ -154,11 +155,13 @@ def _inversion(view: ServerView, config: InversionConfig) -> Reconstruction:
     )[0]
 
 
-ATTACKS: dict[str, RegisteredAttack] = {
-    "spearpp": RegisteredAttack("spearpp", SpearConfig, whole_model=False, run=_spearpp),
-    "inversion": RegisteredAttack("inversion", InversionConfig, whole_model=True, run=_inversion),
-    "analytic": RegisteredAttack("analytic", AnalyticConfig, whole_model=False, run=_analytic),
-}
+ATTACKS: Registry[RegisteredAttack] = Registry("attack", key="audit.attacks")
+for _attack in (
+    RegisteredAttack("spearpp", SpearConfig, whole_model=False, run=_spearpp),
+    RegisteredAttack("inversion", InversionConfig, whole_model=True, run=_inversion),
+    RegisteredAttack("analytic", AnalyticConfig, whole_model=False, run=_analytic),
+):
+    ATTACKS.add(_attack.name, _attack)
 
 
 def run_attack(name: str, view: ServerView, config: Any) -> Reconstruction:

@@ -15,11 +15,10 @@ import torch
 
 from attacks import ServerView, SpearConfig
 from fl_sim.audit.executors import (
+    EXECUTORS,
     AttackExecutor,
     PoolExecutor,
     RayExecutor,
-    executor_names,
-    make_executor,
 )
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.config import ClusterSpec
@@ -84,11 +83,11 @@ def _exercise(executor: AttackExecutor, tmp: Path) -> _Collector:
 
 
 def test_registry_names_pool_and_ray() -> None:
-    assert set(executor_names()) >= {"pool", "ray"}
-    assert isinstance(make_executor("pool", 1, LOCAL), PoolExecutor)
-    assert isinstance(make_executor("ray", 1, LOCAL), RayExecutor)
-    with pytest.raises(KeyError):
-        make_executor("k8s", 1, LOCAL)
+    assert set(EXECUTORS.names()) >= {"pool", "ray"}
+    assert isinstance(EXECUTORS["pool"](1, LOCAL), PoolExecutor)
+    assert isinstance(EXECUTORS["ray"](1, LOCAL), RayExecutor)
+    with pytest.raises(ValueError, match=r"cluster\.attack_executor='k8s': allowed are pool, ray"):
+        EXECUTORS.lookup("k8s")
 
 
 def test_pool_executor(tmp_path: Path) -> None:

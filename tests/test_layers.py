@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fl_sim", "strategies", "clients", "attacks")
+PACKAGES = ("fl_sim", "strategies", "clients", "attacks", "flsim_plugins")
 LINT = Path(sys.executable).with_name("lint-imports")
 
 pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed")

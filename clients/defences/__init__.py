@@ -6,8 +6,7 @@ that registers a defence (:func:`~clients.defences.base.register`) is all a new 
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 
 import torch
 from torch import nn
@@ -28,8 +27,7 @@ from clients.defences.base import (
 )
 from clients.training import DivergenceError, TrainResult, divergence
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+DEFENCES.discover(sys.modules[__name__])
 
 
 def train_locally(

@@ -22,7 +22,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,8 +39,8 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 from torch import nn
 
-from clients.settings import Real, Settings, ValidationError, explain
 from clients.training import TrainResult
+from flsim_plugins import Real, Registry, Settings, ValidationError, explain
 from strategies.reply import ARRAYS, CLIENT
 
 # Keys of the reply's ``client`` ConfigRecord that every client declares, for any defence.
@@ -218,18 +218,9 @@ class ArrayUpdateMod(UpdateMod):
         return apply
 
 
-DEFENCES: dict[str, Defence] = {}
-
-D = TypeVar("D", bound=type[Defence])
-
-
-def register(cls: D) -> D:
-    """Class decorator: register one instance of the defence under its settings' name."""
-    name = cls.Settings.defence
-    if name in DEFENCES:
-        raise ValueError(f"a defence named {name!r} is registered already")
-    DEFENCES[name] = cls()
-    return cls
+DEFENCES: Registry[Defence] = Registry("defence", key="defence")
+# Class decorator: one instance of the class, registered under its settings' name.
+register = DEFENCES.instance
 
 
 def training_defences() -> dict[str, TrainingDefence]:

@@ -20,8 +20,8 @@ from clients import training
 from clients.defences.base import EPSILON, STEPS, Delta, Disclosure, register
 from clients.defences.fedavg import EpochSettings, FedAvg
 from clients.privacy import PrivacyLedger
-from clients.settings import Bool, Real
 from clients.training import TrainResult
+from flsim_plugins.settings import Bool, Real
 
 # What a DP-SGD client declares after its round.
 CLIP = "clip"

@@ -10,8 +10,8 @@ from pydantic import Field
 from torch import nn
 
 from clients.defences.base import TrainingDefence, TrainingSettings, register
-from clients.settings import Int
 from clients.training import TrainResult, batches, sgd_steps
+from flsim_plugins.settings import Int
 
 
 class EpochSettings(TrainingSettings):

@@ -39,7 +39,7 @@ from clients.defences.base import (
     register,
     released,
 )
-from clients.settings import Real
+from flsim_plugins.settings import Real
 from strategies.reply import CLIENT
 
 # What a local-DP client declares: the mechanism's settings, the round's (epsilon, delta) and

@@ -17,7 +17,7 @@ from flwr.app import ConfigRecordValues
 from pydantic import Field
 
 from clients.defences.base import LR, ArrayUpdateMod, DefenceSettings, Disclosure, register
-from clients.settings import Int
+from flsim_plugins.settings import Int
 
 # What a quantising client declares.
 BITS = "quantize-bits"

@@ -16,7 +16,7 @@ from flwr.app import ConfigRecordValues
 from pydantic import Field
 
 from clients.defences.base import ArrayUpdateMod, DefenceSettings, register
-from clients.settings import Real
+from flsim_plugins.settings import Real
 
 # What a sparsifying client declares.
 SHARE = "topk-share"

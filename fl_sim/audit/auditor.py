@@ -28,7 +28,7 @@ from torch import nn
 from attacks import ATTACKS
 from clients.defences import defence_label
 from clients.defences.base import EPSILON
-from fl_sim.audit.executors import WorkerJob, make_executor
+from fl_sim.audit.executors import EXECUTORS, WorkerJob
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.judge import Judge, Verdict, sample_ids, true_batch_size
 from fl_sim.audit.log import (
@@ -146,7 +146,7 @@ class Auditor:
             data=data.description if data is not None else None,
         )
         cluster = cluster or ClusterSpec()
-        self._executor = make_executor(cluster.attack_executor, spec.workers, cluster)
+        self._executor = EXECUTORS[cluster.attack_executor](spec.workers, cluster)
         self._lock = threading.Lock()
         # Records still to come, by (round, client, run).
         self._pending: dict[tuple[int, int, str], dict[str, Any]] = {}

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from attacks import ServerView, SpearConfig
-from fl_sim.audit.executors import executor_names, make_executor
+from fl_sim.audit.executors import EXECUTORS
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
@@ -93,7 +93,7 @@ def measure(
     jobs: list[AttackJob],
 ) -> dict[str, Any]:
     """Warm-up (unmeasured start-up) and the measured batch on one executor."""
-    executor = make_executor(executor_name, workers, cluster)
+    executor = EXECUTORS[executor_name](workers, cluster)
     outcomes: list[AttackOutcome] = []
     errors: list[str] = []
     try:
@@ -249,9 +249,9 @@ def _main(args: argparse.Namespace) -> int:
             tuple(int(w) for w in args.workers.split(",")),
             cluster,
         )
-        unknown = set(plan.executors) - set(executor_names())
+        unknown = set(plan.executors) - set(EXECUTORS)
         if unknown:
-            raise ValueError(f"--executors {args.executors}: allowed are {executor_names()}")
+            raise ValueError(f"--executors {args.executors}: allowed are {', '.join(EXECUTORS)}")
     except ValueError as err:
         raise SystemExit(f"fl-sim bench throughput: {err}") from None
     data = bench_data(args.data)

@@ -13,8 +13,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, field_validator
 
-from clients.settings import Real, Settings, Str
-from fl_sim.audit.executors import executor_names
+from fl_sim.audit.executors import EXECUTORS
+from flsim_plugins.settings import Real, Settings, Str
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 # What ray.init accepts: a GCS address host:port, a Ray Client address ray://host:port, or
@@ -81,8 +81,8 @@ class ClusterSpec(Settings):
     @field_validator("attack_executor")
     @classmethod
     def _executor(cls, name: str) -> str:
-        if name not in executor_names():
-            raise ValueError(f"allowed are {', '.join(executor_names())}")
+        if name not in EXECUTORS:
+            raise ValueError(f"allowed are {', '.join(EXECUTORS.names())}")
         return name
 
     @field_validator("attack_resource")

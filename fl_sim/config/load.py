@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from clients.defences import training_defences, update_mods
-from clients.settings import ValidationError, explain
 from fl_sim.config.schema import ClientSpec, Scenario, ServerSpec
+from flsim_plugins.settings import ValidationError, explain
 from strategies.behaviours import BEHAVIOUR, BEHAVIOURS
 
 if sys.version_info >= (3, 11):

@@ -16,11 +16,11 @@ from torch import nn
 from attacks import ATTACKS
 from attacks.inversion import LOSSES, InversionConfig, InversionSettings
 from clients.defences import DefenceSettings, TrainingSettings
-from clients.settings import Bool, Int, Real, Settings, Str
 from fl_sim.config.cluster import ClusterSpec, CpuAmount, GpuAmount
 from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
 from fl_sim.model import fc_relu_net
+from flsim_plugins.settings import Bool, Int, Real, Settings, Str
 from strategies.behaviours import BEHAVIOURS, BehaviourSettings
 
 # Lists of ids read from TOML (lists, not tuples), each id an int.

@@ -4,8 +4,7 @@ behaviour takes."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 
 from strategies.behaviours.base import (
     BEHAVIOUR,
@@ -15,7 +14,6 @@ from strategies.behaviours.base import (
     behaviour_settings,
 )
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+BEHAVIOURS.discover(sys.modules[__name__])
 
 __all__ = ["BEHAVIOUR", "BEHAVIOURS", "BehaviourSettings", "ServerBehaviour", "behaviour_settings"]

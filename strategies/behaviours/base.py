@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 
-from clients.settings import Settings, ValidationError, explain
+from flsim_plugins import Registry, Settings, ValidationError, explain
 
 # What the scenario names the behaviour by.
 BEHAVIOUR = "behaviour"
@@ -110,18 +110,9 @@ class ServerBehaviour(ABC):
         return None
 
 
-BEHAVIOURS: dict[str, ServerBehaviour] = {}
-
-B = TypeVar("B", bound=type[ServerBehaviour])
-
-
-def register(cls: B) -> B:
-    """Class decorator: register one instance of the behaviour under its settings' name."""
-    name = cls.Settings.behaviour
-    if name in BEHAVIOURS:
-        raise ValueError(f"a server behaviour named {name!r} is registered already")
-    BEHAVIOURS[name] = cls()
-    return cls
+BEHAVIOURS: Registry[ServerBehaviour] = Registry("server behaviour", key="behaviour")
+# Class decorator: one instance of the class, registered under its settings' name.
+register = BEHAVIOURS.instance
 
 
 def behaviour_settings(behaviour: str = "honest", **settings: Any) -> BehaviourSettings:
@@ -133,9 +124,7 @@ def behaviour_settings(behaviour: str = "honest", **settings: Any) -> BehaviourS
         For an unknown behaviour or a bad setting; the message names the key, the value and
         what is allowed.
     """
-    if behaviour not in BEHAVIOURS:
-        raise ValueError(f"behaviour={behaviour!r}: allowed are {', '.join(BEHAVIOURS)}")
-    cls = BEHAVIOURS[behaviour].Settings
+    cls = BEHAVIOURS.lookup(behaviour).Settings
     try:
         return cls.model_validate(settings)
     except ValidationError as err:

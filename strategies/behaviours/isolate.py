@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from clients.settings import Int
+from flsim_plugins.settings import Int
 from strategies.behaviours.base import BehaviourSettings, ServerBehaviour, register
 
 # Any negative bias kills a neuron whose weights are zero; -1 stays far inside SecAgg+'s

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from clients.settings import Real
+from flsim_plugins.settings import Real
 from strategies.behaviours.base import (
     BehaviourSettings,
     ServerBehaviour,

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from clients.settings import Int, Real
+from flsim_plugins.settings import Int, Real
 from strategies.behaviours.base import (
     BehaviourSettings,
     ServerBehaviour,

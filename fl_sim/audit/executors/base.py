@@ -9,7 +9,9 @@ workers, after which no callback fires.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from flsim_plugins import Registry
 
 if TYPE_CHECKING:
     from dataclasses import Field
@@ -56,31 +58,5 @@ class AttackExecutor(Protocol):
 
 
 ExecutorFactory = Callable[[int, "ClusterSpec"], AttackExecutor]
-_REGISTRY: dict[str, ExecutorFactory] = {}
-F = TypeVar("F", bound=ExecutorFactory)
-
-
-def register_executor(name: str) -> Callable[[F], F]:
-    """Class decorator: make an executor available under ``name`` in the config."""
-
-    def add(factory: F) -> F:
-        _REGISTRY[name] = factory
-        return factory
-
-    return add
-
-
-def executor_names() -> tuple[str, ...]:
-    """Registered executor names, as ``cluster.attack_executor`` accepts them."""
-    return tuple(sorted(_REGISTRY))
-
-
-def make_executor(name: str, workers: int, cluster: ClusterSpec) -> AttackExecutor:
-    """A new executor ``name`` with ``workers`` attacks in flight at most.
-
-    Raises
-    ------
-    KeyError
-        For a name no executor is registered under.
-    """
-    return _REGISTRY[name](workers, cluster)
+# Executor classes, each called with (workers, cluster) for a new executor.
+EXECUTORS: Registry[ExecutorFactory] = Registry("attack executor", key="cluster.attack_executor")

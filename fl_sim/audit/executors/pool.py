@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fl_sim.audit.executors.base import (
+    EXECUTORS,
     OnError,
     OnOutcome,
     WorkerJob,
-    register_executor,
     run_worker_job,
 )
 
@@ -32,7 +32,7 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-@register_executor("pool")
+@EXECUTORS.register("pool")
 class PoolExecutor:
     """``workers`` spawned processes, started at the first job, sharing the machine's cores:
     each uses cores // workers torch threads (at least one), whose OpenMP threads sleep rather

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fl_sim.audit.executors.base import OnError, OnOutcome, WorkerJob, register_executor
+from fl_sim.audit.executors.base import EXECUTORS, OnError, OnOutcome, WorkerJob
 
 if TYPE_CHECKING:
     from fl_sim.config.cluster import ClusterSpec
@@ -65,7 +65,7 @@ class _Entry:
     on_error: OnError
 
 
-@register_executor("ray")
+@EXECUTORS.register("ray")
 class RayExecutor:
     """Ray tasks with ``cluster``'s resources, at most ``workers`` in flight.
 
