@@ -16,8 +16,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn
 
-from fl_sim.audit.log import AGGREGATE_VIEW
-from fl_sim.rundir import AUDIT, PROXIES
+from fl_sim.rundir import AGGREGATE_VIEW, AUDIT, PROXIES
 from fl_sim.terminal import CONSOLE
 
 

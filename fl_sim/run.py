@@ -35,6 +35,7 @@ from fl_sim.data.federated import federated_data
 from fl_sim.progress import RunProgress
 from fl_sim.report import build_report
 from fl_sim.report.plots import plot_accuracy
+from fl_sim.rundir import write_scenario
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +61,6 @@ class RunStoppedError(Exception):
         super().__init__(message)
         self.run_dir = run_dir
         self.exit_code = exit_code
-
-
-def write_scenario(
-    run_dir: Path, scenario: Scenario, resolved: dict[str, Any], runtime: str | None = None
-) -> None:
-    """``scenario.json``: the scenario as resolved (what ``fl-sim audit`` parses again to
-    resume) and as typed (every default filled in); with ``runtime``, the Flower runtime
-    ``fl-sim run`` ran it on (``flwr`` or ``legacy``)."""
-    typed = scenario.model_dump(mode="json")
-    written: dict[str, Any] = {"resolved": resolved, "typed": typed}
-    if runtime is not None:
-        written["runtime"] = runtime
-    rundir.write_json(run_dir / rundir.SCENARIO, written)
 
 
 def run_scenario(

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 # The scenario as resolved and as typed (``{"resolved": ..., "typed": ...}``), and under
 # ``fl-sim run`` the Flower runtime it ran on (``"runtime"``: ``flwr`` or ``legacy``).
 SCENARIO = "scenario.json"
@@ -31,6 +33,10 @@ ROUNDS = "rounds.jsonl"
 CLIENTS = "clients.jsonl"
 # One record per client, round and attack, appended as soon as it is known.
 AUDIT = "audit.jsonl"
+# Under secure aggregation, a record's ``view``: the attack on a round's sum, and the per-client
+# records drawn from it.
+COHORT_VIEW = "cohort"
+AGGREGATE_VIEW = "aggregate"
 # Per attacked batch, each sample's vulnerability proxies (``[audit] proxies``).
 PROXIES = "proxies.jsonl"
 # Derived from AUDIT and PROXIES at the end of an audit (rewritten, not appended).
@@ -88,6 +94,19 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{path}: not a JSON object")
     return value
+
+
+def write_scenario(
+    run_dir: Path, scenario: BaseModel, resolved: dict[str, Any], runtime: str | None = None
+) -> None:
+    """``scenario.json``: the scenario as resolved (what ``fl-sim audit`` parses again to
+    resume) and as typed (every default filled in); with ``runtime``, the Flower runtime
+    ``fl-sim run`` ran it on (``flwr`` or ``legacy``)."""
+    typed = scenario.model_dump(mode="json")
+    written: dict[str, Any] = {"resolved": resolved, "typed": typed}
+    if runtime is not None:
+        written["runtime"] = runtime
+    write_json(run_dir / SCENARIO, written)
 
 
 def last_round(run_dir: Path) -> int:

@@ -11,13 +11,25 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 from pydantic import ValidationError as ValidationError
 from pydantic_core import ErrorDetails
 
 __all__ = [
+    "AtLeastOne",
     "Bool",
+    "Ids",
     "Int",
+    "Names",
+    "Positive",
     "Real",
     "Settings",
     "Str",
@@ -37,6 +49,11 @@ Real = Annotated[float, BeforeValidator(_widen)]
 Int = StrictInt
 Bool = StrictBool
 Str = StrictStr
+# Lists read from TOML (lists, not tuples): of ids, each an int, and of names.
+Ids = Annotated[tuple[Int, ...], Field(strict=False)]
+Names = Annotated[tuple[Str, ...], Field(strict=False)]
+Positive = Annotated[Real, Field(gt=0)]
+AtLeastOne = Annotated[Int, Field(ge=1)]
 
 
 class Settings(BaseModel):

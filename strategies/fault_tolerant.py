@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from strategies.reply import AUDIT, CLIENT, PARTITION_ID
+from clients.reply import AUDIT, CLIENT, PARTITION_ID
 from strategies.screening import LeftOut, SentShapes, record_of, screen
 from strategies.wrapper import StrategyWrapper
 

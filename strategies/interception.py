@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message
 
-from strategies.reply import ARRAYS, AUDIT, CLIENT, REJECTED
+from clients.reply import ARRAYS, AUDIT, CLIENT, REJECTED
 from strategies.screening import declared_failure, record_of
 
 

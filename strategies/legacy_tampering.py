@@ -19,9 +19,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from clients.reply import PARTITION_ID
 from strategies.behaviours import BEHAVIOURS, BehaviourSettings
 from strategies.legacy_wrapper import LegacyWrapper
-from strategies.reply import PARTITION_ID
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Message
 
-from strategies.reply import (
+from clients.reply import (
     ARRAYS,
     CLIENT,
     CLIENT_ERROR,

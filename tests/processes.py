@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from fl_sim.bench.proctree import descendants, stop_trees
+from fl_sim.proctree import descendants, stop_trees
 
 VENV_BIN = Path(sys.executable).parent
 

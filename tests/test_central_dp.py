@@ -16,7 +16,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from clients import PrivacyLedger
 from fl_sim.apps.central_dp import central_epsilon, with_central_dp
 from fl_sim.apps.client import client_mods, client_reply
-from fl_sim.apps.server import attacked_layer, initial_arrays
+from fl_sim.apps.server import initial_arrays
 from fl_sim.config import Scenario, parse_scenario
 from fl_sim.data.federated import federated_data
 from strategies import HonestButCurious, InterceptedUpdate
@@ -68,7 +68,7 @@ def _round(
     start = initial_arrays(scenario, described)
     dp = with_central_dp(FedAvg(), scenario.federation.central_dp, 4)  # type: ignore[arg-type]
     seen: list[InterceptedUpdate] = []
-    layer = attacked_layer(scenario, described)
+    layer = scenario.model.attacked_layer(described)
     strategy = HonestButCurious(dp, seen.append, layer, keep_whole=lambda r, d: True)
     strategy._sent = {1: (start[layer[0]].numpy(), start[layer[1]].numpy())}
     strategy._sent_all = {1: {k: start[k].numpy() for k in start}}

@@ -10,11 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from opacus.accountants import RDPAccountant
 
 from clients import PrivacyLedger
-from fl_sim.apps.client import client_reply, local_round
-from fl_sim.apps.server import initial_arrays
-from fl_sim.config import Scenario, parse_scenario
-from fl_sim.data.federated import federated_data
-from strategies.reply import (
+from clients.reply import (
     ARRAYS,
     AUDIT,
     CLIENT,
@@ -28,6 +24,10 @@ from strategies.reply import (
     SERVER_ROUND,
     STATUS,
 )
+from fl_sim.apps.client import client_reply, local_round
+from fl_sim.apps.server import initial_arrays
+from fl_sim.config import Scenario, parse_scenario
+from fl_sim.data.federated import federated_data
 
 SCENARIO = parse_scenario(
     {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from attacks import SpearConfig
 from fl_sim.bench.cases import AttackCase
-from fl_sim.bench.proctree import descendants, stop_trees, tree_memory
 from fl_sim.bench.scale import measure_command, run_facts
 from fl_sim.bench.throughput import ThroughputPlan, run_throughput
 from fl_sim.config import ClusterSpec
+from fl_sim.proctree import descendants, stop_trees, tree_memory
 from tests.helpers import real_images
 
 # A parent that ignores SIGTERM, with a child: stopping it takes SIGKILL.

@@ -32,9 +32,9 @@ from clients.defences.local_dp import (
     seeded_numpy,
 )
 from clients.defences.quantize import BITS, Quantize, QuantizeSettings, quantize
+from clients.reply import ARRAYS, CLIENT, CONFIG, SERVER_ROUND, STATUS
 from fl_sim.config import ConfigError, parse_scenario
 from fl_sim.run import run_scenario
-from strategies.reply import ARRAYS, CLIENT, CONFIG, SERVER_ROUND, STATUS
 
 KEYS = ("1.weight", "1.bias")
 # Messages made outside a running Flower app need an identity.

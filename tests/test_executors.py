@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from attacks import ServerView, SpearConfig
-from fl_sim.audit.executors import (
+from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
+from fl_sim.config import ClusterSpec
+from fl_sim.executors import (
     EXECUTORS,
     AttackExecutor,
     PoolExecutor,
     RayExecutor,
 )
-from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
-from fl_sim.config import ClusterSpec
 from fl_sim.model import fc_relu_net, first_linear, layer_gradients
 
 LOCAL = ClusterSpec(address="local")

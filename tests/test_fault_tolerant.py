@@ -21,8 +21,7 @@ from flwr.app import (
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
-from strategies import FaultTolerant, HonestButCurious, InterceptedUpdate, LeftOut
-from strategies.reply import (
+from clients.reply import (
     ARRAYS,
     AUDIT,
     CLIENT,
@@ -36,6 +35,7 @@ from strategies.reply import (
     SAMPLE_IDS,
     STATUS,
 )
+from strategies import FaultTolerant, HonestButCurious, InterceptedUpdate, LeftOut
 
 LAYER = ("1.weight", "1.bias")
 

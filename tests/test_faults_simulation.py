@@ -18,12 +18,12 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from clients.reply import ARRAYS
 from fl_sim.apps.client import client_reply
 from fl_sim.apps.server import initial_arrays
 from fl_sim.config import Scenario, parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.run import run_scenario
-from strategies.reply import ARRAYS
 from tests.processes import ctrl_c_reachable
 
 ROOT = Path(__file__).resolve().parents[1]

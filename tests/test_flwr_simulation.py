@@ -29,8 +29,8 @@ from fl_sim.apps.flwr_simulation import (
     stop_superlink,
     superlink_pids,
 )
-from fl_sim.bench.proctree import descendants, stop_trees
 from fl_sim.config import parse_scenario
+from fl_sim.proctree import descendants, stop_trees
 from fl_sim.run import RunStoppedError, run_scenario
 from tests.processes import TWO_CLIENTS, ctrl_c_reachable
 

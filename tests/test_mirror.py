@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_sim.config.schema import DataSpec
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.federated import federated_data
 from fl_sim.data.records import RecordSet
+from fl_sim.data.spec import DataSpec
 
 
 def _images(n: int, seed: int) -> ImageSet:

@@ -10,7 +10,7 @@ import pytest
 
 from attacks import ATTACKS
 from clients.defences import DEFENCES
-from fl_sim.audit.executors import EXECUTORS
+from fl_sim.executors import EXECUTORS
 from flsim_plugins import Registry
 from strategies.behaviours import BEHAVIOURS
 

@@ -12,8 +12,8 @@ from flwr.app import ConfigRecord
 
 from clients.defences.base import UPDATE_MODS
 from clients.defences.topk import SCOPE, SHARE, TopK, TopKSettings, keep_largest
+from clients.reply import CLIENT
 from fl_sim.config import ConfigError, parse_scenario
-from strategies.reply import CLIENT
 from tests.test_defences import arrays_of, reply_through, update_of
 
 pytestmark = pytest.mark.usefixtures("flower_identity")

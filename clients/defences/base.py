@@ -39,9 +39,9 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, model_serializer
 from torch import nn
 
+from clients.reply import ARRAYS, CLIENT
 from clients.training import TrainResult
 from flsim_plugins import Real, Registry, Settings, ValidationError, explain
-from strategies.reply import ARRAYS, CLIENT
 
 # Keys of the reply's ``client`` ConfigRecord that every client declares, for any defence.
 DEFENCE = "defence"

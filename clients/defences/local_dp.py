@@ -39,8 +39,8 @@ from clients.defences.base import (
     register,
     released,
 )
+from clients.reply import CLIENT
 from flsim_plugins.settings import Real
-from strategies.reply import CLIENT
 
 # What a local-DP client declares: the mechanism's settings, the round's (epsilon, delta) and
 # the totals so far.

@@ -5,7 +5,7 @@ A reply holds the updated weights (``arrays``), ``num-examples`` and the trainin
 (``metrics``, averaged by FedAvg), the client's declared settings, status and epsilon
 (``client``, a ConfigRecord, never averaged), and, in simulation only, which samples it trained
 on (``audit``): ground truth for the judge, never read by the attack (keys:
-:mod:`strategies.reply`).
+:mod:`clients.reply`).
 
 A client whose training diverges, or whose round fails in any other way, says so in a
 well-formed failed reply (status ``diverged`` or ``client-error`` and the reason, no arrays,
@@ -38,13 +38,7 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from clients import DivergenceError, train_locally
 from clients.defences import training_defences, update_mods
 from clients.defences.base import BATCH_SIZE, DEFENCE, LR, STEPS
-from clients.tamper_check import check_first_layer
-from clients.training import DIVERGENCE_FACTOR
-from fl_sim.apps.legacy_fit import legacy_fit_mod
-from fl_sim.config.schema import Scenario
-from fl_sim.data.federated import FederatedData, federated_data
-from fl_sim.model import first_linear
-from strategies.reply import (
+from clients.reply import (
     ACTIVE_SHARE,
     ARRAYS,
     AUDIT,
@@ -65,6 +59,12 @@ from strategies.reply import (
     TAMPER_REASON,
     TRAIN_LOSS,
 )
+from clients.tamper_check import check_first_layer
+from clients.training import DIVERGENCE_FACTOR
+from fl_sim.apps.legacy_fit import legacy_fit_mod
+from fl_sim.config.schema import Scenario
+from fl_sim.data.federated import FederatedData, federated_data
+from fl_sim.model import first_linear
 
 log = logging.getLogger(__name__)
 

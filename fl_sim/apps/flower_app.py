@@ -38,8 +38,7 @@ from fl_sim.apps.interruption import Interruption
 from fl_sim.apps.server import run_federation
 from fl_sim.config import Scenario, load_scenario, parse_scenario
 from fl_sim.progress import RunProgress
-from fl_sim.run import write_scenario
-from fl_sim.rundir import SCENARIO, new_run_dir, read_json
+from fl_sim.rundir import SCENARIO, new_run_dir, read_json, write_scenario
 
 # The app's root: the project here, the unpacked app bundle under a SuperLink or SuperNode.
 APP_DIR = Path(__file__).resolve().parents[2]

@@ -44,9 +44,9 @@ from typing import IO
 
 import fl_sim
 from fl_sim import rundir
-from fl_sim.bench.proctree import descendants, session_id, stop_trees
 from fl_sim.config.load import ConfigError
 from fl_sim.config.schema import Scenario
+from fl_sim.proctree import descendants, session_id, stop_trees
 from fl_sim.progress import RunProgress
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 
-from strategies.reply import (
+from clients.reply import (
     ARRAYS,
     CLIENT,
     CONFIG,

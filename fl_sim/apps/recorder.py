@@ -18,11 +18,11 @@ from flwr.common import Scalar
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import nn
 
+from clients.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import FederatedData, federated_data
 from fl_sim.rundir import CLIENTS, DATA, ROUNDS, append_jsonl, write_json
 from strategies import LeftOut
-from strategies.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
 
 if TYPE_CHECKING:  # fl_sim.progress reads the audit's records, whose module reads these
     from fl_sim.progress import RunProgress

@@ -25,12 +25,12 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 
+from clients.reply import DROPPED, PARTITION_ID, SERVER_ROUND
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import Scenario
 from strategies import AggregateCurious, InterceptedAggregate, LeftOut, LegacyTampering
-from strategies.reply import DROPPED, PARTITION_ID, SERVER_ROUND
 
 log = logging.getLogger(__name__)
 

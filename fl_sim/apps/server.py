@@ -31,7 +31,6 @@ from fl_sim.apps.secagg_server import federate_secagg
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
-from fl_sim.model import array_keys, first_linear
 from fl_sim.progress import RunProgress
 from fl_sim.rundir import MODEL
 from strategies import (
@@ -65,13 +64,6 @@ def build_strategy(scenario: Scenario, recorder: RunRecorder) -> Strategy:
     )
     dp = scenario.federation.central_dp
     return fedavg if dp is None else with_central_dp(fedavg, dp, n)
-
-
-def attacked_layer(scenario: Scenario, data: DataDescription) -> tuple[str, str]:
-    """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks (and the one whose
-    rank tells the optimisation attack the batch size)."""
-    name, _ = first_linear(scenario.model.build(data))
-    return array_keys(name)
 
 
 def run_federation(
@@ -118,7 +110,7 @@ def _federate(
     )
     strategy: Strategy = build_strategy(scenario, recorder)
     described = recorder.data.description
-    layer = attacked_layer(scenario, described)
+    layer = scenario.model.attacked_layer(described)
     auditor = None
     if scenario.audit.enabled:
         auditor = Auditor(

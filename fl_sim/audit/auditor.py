@@ -28,13 +28,11 @@ from torch import nn
 from attacks import ATTACKS
 from clients.defences import defence_label
 from clients.defences.base import EPSILON
-from fl_sim.audit.executors import EXECUTORS, WorkerJob
+from clients.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TAMPER_FLAGGED, TRAIN_LOSS
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.judge import Judge, Verdict, sample_ids, true_batch_size
 from fl_sim.audit.log import (
-    AGGREGATE_VIEW,
     COHORT,
-    COHORT_VIEW,
     INTERRUPTED,
     PROXY_RUN,
     AuditLog,
@@ -45,14 +43,15 @@ from fl_sim.audit.plans import PLANS, AttackRun, audit_runs, covers
 from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, write_proxy_arrays
 from fl_sim.audit.threat_model import Sight, ThreatModel, next_layer_helps
 from fl_sim.audit.updates import save_update
-from fl_sim.config.cluster import ClusterSpec
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.data.normalize import Normalization
+from fl_sim.executors import EXECUTORS, WorkerJob
+from fl_sim.executors.cluster import ClusterSpec
 from fl_sim.model import array_keys, next_linear
+from fl_sim.rundir import AGGREGATE_VIEW, COHORT_VIEW
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
-from strategies.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TAMPER_FLAGGED, TRAIN_LOSS
 
 
 class Auditor:

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from clients.reply import SAMPLE_IDS
 from fl_sim.audit.job import AttackOutcome
 from fl_sim.audit.metrics import BatchQuality, match_and_score
 from fl_sim.data.federated import FederatedData
-from strategies.reply import SAMPLE_IDS
 
 
 def sample_ids(audit: Mapping[str, Any]) -> np.ndarray:

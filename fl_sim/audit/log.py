@@ -33,11 +33,8 @@ METRIC_KEYS = (
 PROXY_RUN = "proxies"
 # The status of the attacks still running when the run was interrupted.
 INTERRUPTED = "interrupted"
-# Under secure aggregation: the record of the attack on a round's sum (its ``client``), the
-# ``view`` of that record, and that of the per-client records drawn from it.
+# Under secure aggregation: the record of the attack on a round's sum (its ``client``).
 COHORT = -1
-COHORT_VIEW = "cohort"
-AGGREGATE_VIEW = "aggregate"
 
 
 def file_stem(record: Mapping[str, Any]) -> str:

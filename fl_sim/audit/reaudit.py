@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from fl_sim import rundir
-from fl_sim.apps.server import attacked_layer
 from fl_sim.audit.audited import resumed_auditor
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.log import AuditLog
@@ -63,7 +62,7 @@ def _auditor(run_dir: Path, raw: dict[str, Any], log: AuditLog) -> Auditor:
         run_dir,
         scenario.seed,
         architecture=scenario.model.build(data.description),
-        layer=attacked_layer(scenario, data.description),
+        layer=scenario.model.attacked_layer(data.description),
         done=log.done(),
         cluster=scenario.cluster,
         behaviour=scenario.server.behaviour.behaviour,

@@ -20,7 +20,7 @@ from typing import Any
 
 from fl_sim.bench.invocation import command_line, results_folder
 from fl_sim.bench.machine import machine, measured_header
-from fl_sim.bench.proctree import stop_trees, tree_memory
+from fl_sim.proctree import stop_trees, tree_memory
 from fl_sim.rundir import AUDIT, DATA, ROUNDS, read_json, read_jsonl
 
 _SAMPLE_S = 0.5

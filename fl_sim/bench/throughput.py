@@ -22,16 +22,16 @@ import numpy as np
 import torch
 
 from attacks import ServerView, SpearConfig
-from fl_sim.audit.executors import EXECUTORS
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.invocation import bench_data, command_line, results_folder
 from fl_sim.bench.machine import machine, measured_header
-from fl_sim.bench.proctree import tree_cpu_seconds
-from fl_sim.config.cluster import ClusterSpec
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
+from fl_sim.executors import EXECUTORS
+from fl_sim.executors.cluster import ClusterSpec
+from fl_sim.proctree import tree_cpu_seconds
 
 log = logging.getLogger(__name__)
 

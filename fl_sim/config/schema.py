@@ -16,18 +16,13 @@ from torch import nn
 from attacks import ATTACKS
 from attacks.inversion import LOSSES, InversionConfig, InversionSettings
 from clients.defences import DefenceSettings, TrainingSettings
-from fl_sim.config.cluster import ClusterSpec, CpuAmount, GpuAmount
 from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
-from fl_sim.model import fc_relu_net
-from flsim_plugins.settings import Bool, Int, Real, Settings, Str
+from fl_sim.data.spec import DataSpec
+from fl_sim.executors.cluster import ClusterSpec, CpuAmount, GpuAmount
+from fl_sim.model import array_keys, fc_relu_net, first_linear
+from flsim_plugins.settings import AtLeastOne, Bool, Ids, Int, Names, Positive, Settings, Str
 from strategies.behaviours import BEHAVIOURS, BehaviourSettings
-
-# Lists of ids read from TOML (lists, not tuples), each id an int.
-Ids = Annotated[tuple[Int, ...], Field(strict=False)]
-Names = Annotated[tuple[Str, ...], Field(strict=False)]
-Positive = Annotated[Real, Field(gt=0)]
-AtLeastOne = Annotated[Int, Field(ge=1)]
 
 
 def _distinct(value: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -35,52 +30,6 @@ def _distinct(value: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ..
     if not value or set(value) - set(allowed) or len(set(value)) != len(value):
         raise ValueError(f"allowed are {', '.join(allowed)}, each at most once (at least one)")
     return value
-
-
-class DataSpec(Settings):
-    """Where the records come from and how they are split.
-
-    Parameters
-    ----------
-    source
-        ``auto`` (CIFAR-10 if found, else the offline photographs), ``cifar10``, ``photos``
-        (images), or ``breast_cancer`` (scikit-learn's tabular medical records, 30 features).
-    cifar10_dir
-        Folder holding ``cifar-10-batches-py`` (or an .npz of images and labels).
-    download
-        Fetch CIFAR-10 into ``cifar10_dir`` when missing (needs the internet).
-    partition
-        ``iid`` or ``dirichlet`` (label skew).
-    alpha
-        Dirichlet concentration; small is more skewed.
-    samples_per_client
-        Local set size of each client.
-    test_size
-        Held-out samples for the global model's test loss and accuracy.
-    mirror
-        Add every image's horizontal mirror image to the pool (the usual CIFAR-10 augmentation),
-        doubling a small local copy such as a 1,000-image .npz; ``cifar10`` only (the offline
-        photographs' crops are already flipped at random, so their mirrors could be near-copies
-        of other crops).
-    """
-
-    source: Literal["auto", "cifar10", "photos", "breast_cancer"] = "auto"
-    cifar10_dir: Str = "~/.cache/fl-sim/cifar10"
-    download: Bool = False
-    partition: Literal["iid", "dirichlet"] = "iid"
-    alpha: Positive = 0.5
-    samples_per_client: AtLeastOne = 64
-    test_size: AtLeastOne = 500
-    mirror: Bool = False
-
-    @model_validator(mode="after")
-    def _mirror_cifar10_only(self) -> DataSpec:
-        """Only CIFAR-10's images are mirrored (see ``mirror``)."""
-        if self.mirror and self.source != "cifar10":
-            raise ValueError(
-                f"data.mirror = true with data.source = {self.source!r}: only 'cifar10' is mirrored"
-            )
-        return self
 
 
 class ModelSpec(Settings):
@@ -99,6 +48,12 @@ class ModelSpec(Settings):
         ``data`` (its input size and number of classes)."""
         net = fc_relu_net(self.width, self.depth, data.input_dim, data.num_classes)
         return net.to(getattr(torch, self.dtype))
+
+    def attacked_layer(self, data: DataDescription) -> tuple[str, str]:
+        """ArrayRecord keys of the first linear layer, the one SPEAR++ attacks (and the one
+        whose rank tells the optimisation attack the batch size)."""
+        name, _ = first_linear(self.build(data))
+        return array_keys(name)
 
 
 class ClientSpec(Settings):

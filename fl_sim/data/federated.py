@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_sim.config.schema import DataSpec
 from fl_sim.data.breast_cancer import load_breast_cancer_records
 from fl_sim.data.cifar10 import CLASSES, load_cifar10
 from fl_sim.data.description import DataDescription
@@ -19,6 +18,7 @@ from fl_sim.data.normalize import Normalization, to_unit
 from fl_sim.data.partition import partition_dirichlet, partition_iid, split_holdout
 from fl_sim.data.photos import PHOTOS, load_photos
 from fl_sim.data.records import RecordSet
+from fl_sim.data.spec import DataSpec
 
 log = logging.getLogger(__name__)
 

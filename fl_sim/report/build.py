@@ -10,7 +10,6 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, Template
 
-from fl_sim.audit.log import COHORT_VIEW
 from fl_sim.forecast.table import (
     client_exposure,
     is_spearpp,
@@ -25,6 +24,7 @@ from fl_sim.rundir import (
     ACCURACY_PLOT,
     AUDIT,
     CLIENTS,
+    COHORT_VIEW,
     DATA,
     PLOTS_DIR,
     PROXIES,

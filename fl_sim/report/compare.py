@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_sim.audit.log import COHORT_VIEW
-from fl_sim.rundir import AUDIT, CLIENTS, ROUNDS, SCENARIO, read_json, read_jsonl
+from fl_sim.rundir import AUDIT, CLIENTS, COHORT_VIEW, ROUNDS, SCENARIO, read_json, read_jsonl
 
 COMPARE_JSON = "compare.json"
 COMPARE_TABLE = "compare.txt"

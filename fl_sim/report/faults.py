@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from strategies.reply import LEFT_OUT
+from clients.reply import LEFT_OUT
 
 
 def left_out(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,20 +7,12 @@ import os
 import signal
 import time
 from multiprocessing.pool import AsyncResult, Pool
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from fl_sim.audit.executors.base import (
-    EXECUTORS,
-    OnError,
-    OnOutcome,
-    WorkerJob,
-    run_worker_job,
-)
-
-if TYPE_CHECKING:
-    from fl_sim.config.cluster import ClusterSpec
+from fl_sim.executors.base import OnError, OnOutcome, WorkerJob, run_worker_job
+from fl_sim.executors.cluster import EXECUTORS, ClusterSpec
 
 
 def _init_worker(threads: int) -> None:

@@ -11,12 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from flsim_plugins import Registry
-
 if TYPE_CHECKING:
     from dataclasses import Field
-
-    from fl_sim.config.cluster import ClusterSpec
 
 OnOutcome = Callable[[Any], None]
 OnError = Callable[[BaseException], None]
@@ -55,8 +51,3 @@ class AttackExecutor(Protocol):
 
     def close(self) -> None:
         """Stop the workers (unfinished jobs are dropped); no callback fires afterwards."""
-
-
-ExecutorFactory = Callable[[int, "ClusterSpec"], AttackExecutor]
-# Executor classes, each called with (workers, cluster) for a new executor.
-EXECUTORS: Registry[ExecutorFactory] = Registry("attack executor", key="cluster.attack_executor")

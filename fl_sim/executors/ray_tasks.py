@@ -19,14 +19,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from fl_sim.audit.executors.base import EXECUTORS, OnError, OnOutcome, WorkerJob
-
-if TYPE_CHECKING:
-    from fl_sim.config.cluster import ClusterSpec
+from fl_sim.executors.base import OnError, OnOutcome, WorkerJob
+from fl_sim.executors.cluster import EXECUTORS, ClusterSpec
 
 log = logging.getLogger(__name__)
 

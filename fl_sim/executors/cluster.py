@@ -9,12 +9,19 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator, field_validator
 
-from fl_sim.audit.executors import EXECUTORS
+from fl_sim.executors.base import AttackExecutor
+from flsim_plugins import Registry
 from flsim_plugins.settings import Real, Settings, Str
+
+ExecutorFactory = Callable[[int, "ClusterSpec"], AttackExecutor]
+# Executor classes, each called with (workers, cluster) for a new executor; registered by the
+# modules that implement them, named by ``cluster.attack_executor``.
+EXECUTORS: Registry[ExecutorFactory] = Registry("attack executor", key="cluster.attack_executor")
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 # What ray.init accepts: a GCS address host:port, a Ray Client address ray://host:port, or
