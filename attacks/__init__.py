@@ -4,22 +4,24 @@ Nothing here imports the simulated world (``clients``, ``fl_sim``): inputs are t
 the server sent them (the first layer's, or the whole model's with its architecture), the
 client's update turned into a gradient, and whatever the client declared.
 
-Three attacks, registered by name in :data:`ATTACKS` (:func:`run_attack` runs one on a
-:class:`ServerView`): ``spearpp``, exact reconstruction from the first layer
-(:func:`reconstruct`), ``inversion``, optimisation-based gradient matching on the whole model
-(:func:`invert_gradients`), and ``analytic``, the samples single neurons isolate (what trap
-weights are laid for).
+Three attacks, registered by name in :data:`ATTACKS` by their modules in
+:mod:`attacks.plugins` (:func:`run_attack` runs one on a :class:`ServerView`): ``spearpp``,
+exact reconstruction from the first layer (:func:`reconstruct`), ``inversion``,
+optimisation-based gradient matching on the whole model (:func:`invert_gradients`), and
+``analytic``, the samples single neurons isolate (what trap weights are laid for).
 """
 
 from __future__ import annotations
 
+import attacks.plugins  # noqa: F401  (each of its modules registers an attack)
 from attacks.analytic import AnalyticConfig
 from attacks.errors import AttackInputError
 from attacks.inversion import InversionConfig, invert_gradients
-from attacks.registry import ATTACKS, RegisteredAttack, ServerView, run_attack
+from attacks.plugin import ATTACKS, AttackPlugin, AttackTable, run_attack
 from attacks.result import Reconstruction
 from attacks.spearpp import PRESETS, SpearConfig, paper_config, run_spearpp
 from attacks.spearpp.inputs import ArrayLike, observe_layer, resolve_device
+from attacks.view import ServerView
 
 
 def reconstruct(
@@ -77,9 +79,10 @@ __all__ = [
     "PRESETS",
     "AnalyticConfig",
     "AttackInputError",
+    "AttackPlugin",
+    "AttackTable",
     "InversionConfig",
     "Reconstruction",
-    "RegisteredAttack",
     "ServerView",
     "SpearConfig",
     "invert_gradients",

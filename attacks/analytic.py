@@ -10,18 +10,19 @@ makes them the rule, and this attack is what it runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from attacks.result import Reconstruction
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.isolate import isolated_samples
 
 
-@dataclass(frozen=True)
-class AnalyticConfig:
+class AnalyticConfig(BaseModel):
     """``seed``: seeds the random sketch that finds agreeing neurons."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     seed: int = 0
 

@@ -12,12 +12,16 @@ was run with (:data:`SCENARIO`, or :data:`AUDITED` for an app of one's own), and
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
 
 # The scenario as resolved and as typed (``{"resolved": ..., "typed": ...}``), and under
 # ``fl-sim run`` the Flower runtime it ran on (``"runtime"``: ``flwr`` or ``legacy``).
@@ -64,26 +68,65 @@ ATTACK_GRID = "grid.png"
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """Append one JSON object as a line, flushed at once (an interrupted run keeps it)."""
+    """Append one JSON object as a line, flushed at once (an interrupted run keeps it). A last
+    line torn by a crash is set aside first (:func:`set_aside_torn`), so the file stays one
+    object a line."""
+    set_aside_torn(path)
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
 
 
+def set_aside_torn(path: Path) -> Path | None:
+    """Move a last line cut short (no newline: the process died writing it) from ``path`` to
+    ``PATH.torn-TIME``, with a warning; returns where it went (``None``: nothing torn)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return None
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    aside = path.with_name(f"{path.name}.torn-{time.strftime('%Y%m%d-%H%M%S')}")
+    aside.write_bytes(data[cut:])
+    with path.open("r+b") as f:
+        f.truncate(cut)
+    log.warning("%s: its last line was cut short by a crash; set aside in %s", path, aside.name)
+    return aside
+
+
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Rewrite ``path`` with one JSON object a line (for derived files)."""
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    """Rewrite ``path`` with one JSON object a line (for derived files), whole or not at all."""
+    _write_whole(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (none if it does not exist)."""
+    """The JSON objects of a JSON-lines file (none if it does not exist). A last line cut short
+    by a crash is left out, with a warning (the next append sets it aside)."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and not text.endswith("\n"):
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            log.warning("%s: its last line was cut short by a crash; left out", path)
+            lines.pop()
+    return [json.loads(line) for line in lines]
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
-    """Write one JSON document, indented for reading."""
-    path.write_text(json.dumps(value, indent=2))
+    """Write one JSON document, indented for reading, whole or not at all."""
+    _write_whole(path, json.dumps(value, indent=2))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``: a crash
+    leaves the old file or the new one, never half of one."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def read_json(path: Path) -> dict[str, Any]:

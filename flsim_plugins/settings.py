@@ -8,6 +8,7 @@ raise.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Annotated, Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "Settings",
     "Str",
     "ValidationError",
+    "distinct",
     "explain",
 ]
 
@@ -66,6 +68,13 @@ class Settings(BaseModel):
         raise AttributeError(f"{type(self).__name__} is immutable: {name!r} cannot be set")
 
 
+def distinct(value: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A non-empty list of distinct names out of ``allowed`` (a field validator's check)."""
+    if not value or set(value) - set(allowed) or len(set(value)) != len(value):
+        raise ValueError(f"allowed are {', '.join(allowed)}, each at most once (at least one)")
+    return value
+
+
 # What each kind of failure says after "key = value: ".
 _TYPES = {"int_type": "int", "float_type": "float", "bool_type": "bool", "string_type": "str"}
 _BOUNDS = {
@@ -85,11 +94,25 @@ def _field(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
     """The annotation of the field at ``loc`` inside ``model`` (``None`` past a non-model)."""
     annotation: Any = model
     for part in loc:
-        fields = getattr(annotation, "model_fields", None)
-        if not isinstance(fields, dict) or part not in fields:
+        tables = _keys(annotation)
+        if part not in tables:
             return None
-        annotation = _table_model(fields[part].annotation)
+        annotation = tables[part]
     return annotation
+
+
+def _keys(table: Any) -> dict[str | int, Any]:
+    """What each key of ``table`` holds: its fields' annotations, and the plugins' tables of a
+    :class:`~flsim_plugins.tables.PluginTables`."""
+    fields = getattr(table, "model_fields", None)
+    if not isinstance(fields, dict):
+        return {}
+    keys: dict[str | int, Any] = {k: _table_model(f.annotation) for k, f in fields.items()}
+    plugin_tables = getattr(table, "plugin_tables", None)
+    if plugin_tables is not None:
+        with contextlib.suppress(NotImplementedError):  # the base class names no plugins
+            keys.update(plugin_tables())
+    return keys
 
 
 def _table_model(annotation: Any) -> Any:
@@ -137,8 +160,7 @@ def explain(
         if _field(model, loc) is float and type(value) is int:
             value = float(value)  # as the field holds it
         if error["type"] == "extra_forbidden":
-            table = _field(model, loc[:-1])
-            names = sorted(getattr(table, "model_fields", {}))
+            names = sorted(map(str, _keys(_field(model, loc[:-1]))))
             lines.append(f"unknown key {key!r}: allowed are {', '.join(names)}")
         elif not loc:  # a check of the whole table: its message names the keys
             lines.append(f"{prefix.rstrip('.') + ': ' if prefix else ''}{_why(error)}")

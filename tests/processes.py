@@ -28,10 +28,11 @@ depth = 3
 [clients]
 count = 2
 batch_size = 6
-[audit]
+[audit.spearpp]
 starts = 500
 steps = 500
 max_passes = 2
+[audit]
 """
 
 

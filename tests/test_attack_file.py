@@ -229,6 +229,9 @@ def test_not_an_npz_and_cli_exit(tmp_path: Path) -> None:
     path.write_text("gradients")
     with pytest.raises(UpdateFileError, match=r"not a numpy \.npz archive"):
         read_update(path)
+    path.write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"update.npz: the file is empty, not a numpy \.npz"):
+        main(["attack", str(path)])
     np.savez(path, **_without("weight"))
     with pytest.raises(SystemExit, match=r"fl-sim attack: .*update.npz: missing key 'weight'"):
         main(["attack", str(path)])

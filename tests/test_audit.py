@@ -15,13 +15,13 @@ import torch
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.job import AttackJob
 from fl_sim.audit.log import METRIC_KEYS
-from fl_sim.audit.plans import AttackRun
 from fl_sim.audit.reaudit import reaudit
+from fl_sim.audit.runs import AttackRun
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.data.federated import federated_data
 from fl_sim.report import build_report
 from fl_sim.run import run_scenario
-from fl_sim.rundir import AUDIT
+from fl_sim.rundir import AUDIT, SCENARIO, read_json, write_json
 from strategies import InterceptedUpdate, LeftOut
 
 REQUIRED = {"round", "client", "defence", "status", "batch_size", "epsilon", *METRIC_KEYS}
@@ -39,7 +39,7 @@ MUST_SHOW: dict[str, Any] = {
         "2": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1e-4},
         "3": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1.0},
     },
-    "audit": {"starts": 2000, "steps": 1000, "max_passes": 10, "time_budget_s": 8.0},
+    "audit": {"spearpp": {"starts": 2000, "steps": 1000, "max_passes": 10, "time_budget_s": 8.0}},
 }
 
 
@@ -83,7 +83,7 @@ def test_audit_does_not_change_the_global_model(tmp_path: Path) -> None:
         "data": {"source": "photos", "samples_per_client": 20, "test_size": 40},
         "model": {"width": 24, "depth": 3},
         "clients": {"count": 2, "batch_size": 8, "1": {"defence": "fedavg", "mini_batch": 4}},
-        "audit": {"starts": 100, "steps": 100, "max_passes": 1},
+        "audit": {"spearpp": {"starts": 100, "steps": 100, "max_passes": 1}},
     }
     on = run_scenario(parse_scenario(raw), raw, tmp_path / "on")
     off_raw = {**raw, "audit": {"enabled": False}}
@@ -136,7 +136,10 @@ def test_refused_crashed_and_unfinished_attacks_are_recorded(tmp_path: Path) -> 
     assert any(r["status"] == "rejected" for r in _records(tmp_path))  # written before finish()
     auditor.finish()
     slow = Auditor(
-        AuditSpec(wait_s=0.01, starts=5000, steps=5000, max_passes=8), _data(), tmp_path, 0
+        AuditSpec(wait_s=0.01, spearpp={"starts": 5000, "steps": 5000, "max_passes": 8}),
+        _data(),
+        tmp_path,
+        0,
     )
     started = time.monotonic()
     slow(_update(2, 0, m=400))  # a full-rank 400 x 3072 update: refused quickly, or slow
@@ -158,7 +161,7 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
         "data": {"source": "photos", "samples_per_client": 20, "test_size": 40},
         "model": {"width": 60, "depth": 3},
         "clients": {"count": 2, "batch_size": 6},
-        "audit": {"starts": 500, "steps": 500, "max_passes": 2, "keep_updates": True},
+        "audit": {"spearpp": {"starts": 500, "steps": 500, "max_passes": 2}, "keep_updates": True},
     }
     run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
     complete = _records(run_dir)
@@ -171,12 +174,17 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
     assert sorted((r["round"], r["client"]) for r in resumed) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     by_key = {(r["round"], r["client"]): r["psnr_mean"] for r in complete}
     assert all(r["psnr_mean"] == by_key[(r["round"], r["client"])] for r in resumed)
+    # A run stored before each attack had its table ([audit] starts, ...) resumes as well.
+    stored = read_json(run_dir / SCENARIO)
+    stored["resolved"]["audit"] = {"starts": 500, "steps": 500, "max_passes": 2,
+                                   "keep_updates": True}  # fmt: skip
+    write_json(run_dir / SCENARIO, stored)
     assert reaudit(run_dir, redo=True) == 4
     assert len(_records(run_dir)) == 4 and len(list(run_dir.glob("audit-*.jsonl"))) == 1
 
 
 def test_left_out_replies_and_interrupted_attacks_are_recorded(tmp_path: Path) -> None:
-    spec = AuditSpec(wait_s=600, starts=5000, steps=5000, max_passes=8)
+    spec = AuditSpec(wait_s=600, spearpp={"starts": 5000, "steps": 5000, "max_passes": 8})
     auditor = Auditor(spec, _data(), tmp_path, 0)
     declared = {"partition-id": 3, "defence": "dp", "epsilon": 1.5, "status": "diverged"}
     auditor.left_out(
@@ -232,7 +240,7 @@ def test_dp_client_audited_without_its_noise_level(tmp_path: Path) -> None:
             "lr": 0.1,
             "1": {"defence": "dp", "clip": 2.0, "noise_multiplier": 1e-4},
         },
-        "audit": {"knows_noise": False, "max_passes": 4, "time_budget_s": 8.0},
+        "audit": {"knows_noise": False, "spearpp": {"max_passes": 4, "time_budget_s": 8.0}},
     }
     run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
     records = {r["client"]: r for r in _records(run_dir)}

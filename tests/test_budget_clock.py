@@ -10,7 +10,7 @@ import torch
 
 from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.engine import _budget_clock
-from fl_sim.audit.plans import attack_config
+from fl_sim.audit.runs import audit_runs
 from fl_sim.config.schema import AuditSpec
 
 
@@ -35,5 +35,7 @@ def test_unknown_clock_is_refused() -> None:
 
 
 def test_audit_budget_counts_cpu_by_default() -> None:
-    assert attack_config(AuditSpec(), seed=0).budget_clock == "cpu"
-    assert attack_config(AuditSpec(budget_clock="wall"), seed=0).budget_clock == "wall"
+    (default,) = audit_runs(AuditSpec())
+    assert default.config(AuditSpec(), seed=0).budget_clock == "cpu"
+    wall = AuditSpec(spearpp={"budget_clock": "wall"})
+    assert default.config(wall, seed=0).budget_clock == "wall"

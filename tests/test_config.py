@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from attacks.plugins.inversion import InversionTable
+from attacks.plugins.spearpp import SpearTable
 from fl_sim.config import ConfigError, apply_overrides, load_scenario, parse_scenario
+from fl_sim.config.upgrade import upgraded_scenario
 
 BASE: dict[str, Any] = {
     "name": "t",
@@ -97,11 +100,17 @@ def test_frozen() -> None:
         (["audit.inversion.dtype=half"], "audit.inversion.dtype = 'half': allowed are float32"),
         (["audit.inversion.device=tpu"], "audit.inversion.device = 'tpu': allowed are auto"),
         (["audit.spearpp.clients=[9]"], "audit.spearpp.clients = [9]: [9] outside 0..4"),
-        (["audit.spearpp.starts=3"], "audit.spearpp = {'starts': 3}: a table of rounds, clients"),
+        (["audit.spearpp.starts=0"], "audit.spearpp.starts = 0: must be >= 1"),
+        (["audit.spearpp.budget_clock=gpu"], "audit.spearpp.budget_clock = 'gpu': allowed are cpu"),
+        (["audit.spearpp.speed=3"], "unknown key 'audit.spearpp.speed': allowed are budget_clock,"),
+        (["audit.analytic.rounds=[9]"], "audit.analytic.rounds = [9]: [9] outside 1..2"),
+        # SPEAR++'s budget had its place in [audit] before each attack had a table.
+        (["audit.starts=3"], "audit.starts = 3: moved to [audit.spearpp] starts"),
+        (["audit.time_budget_s=3.0"], "audit.time_budget_s = 3.0: moved to [audit.spearpp]"),
         (["audit.rounds=[3]"], "audit.rounds = [3]: [3] outside 1..2"),
         (["audit.proxy_tol=0"], "audit.proxy_tol = 0.0: must be > 0"),
         (["audit.proxies=1"], "audit.proxies = 1: expected bool"),
-        (["audit.attack=spearpp"], "unknown key 'audit.attack': allowed are attacks,"),
+        (["audit.attack=spearpp"], "unknown key 'audit.attack': allowed are analytic, attacks,"),
     ],
 )
 def test_rejections_name_key_value_and_allowed(overrides: list[str], message: str | None) -> None:
@@ -125,13 +134,21 @@ def test_attacks_and_their_targets() -> None:
             'audit.inversion.losses=["l2", "cosine"]',
             "audit.inversion.iterations=50",
             "audit.spearpp.rounds=[2]",
+            "audit.spearpp.starts=300",
         ],
     )
     audit = parse_scenario(raw).audit
     assert audit.attacks == ("spearpp", "inversion") and audit.proxies
-    assert audit.inversion.losses == ("l2", "cosine") and audit.inversion.iterations == 50
-    assert audit.inversion.targets.covers(1, 3) and not audit.inversion.targets.covers(1, 0)
-    assert audit.spearpp.covers(2, 0) and not audit.spearpp.covers(1, 0)
+    inversion = audit.table("inversion")
+    assert isinstance(inversion, InversionTable)
+    assert inversion.losses == ("l2", "cosine") and inversion.iterations == 50
+    assert audit.covers("inversion", 1, 3) and not audit.covers("inversion", 1, 0)
+    assert audit.covers("spearpp", 2, 0) and not audit.covers("spearpp", 1, 0)
+    assert isinstance(audit.table("spearpp"), SpearTable) and audit.table("spearpp").starts == 300
+    # Written out and read back as a stored run's scenario is: the same tables.
+    dumped = audit.model_dump(mode="json")
+    assert dumped["spearpp"]["starts"] == 300 and dumped["inversion"]["iterations"] == 50
+    assert type(audit).model_validate(dumped) == audit
 
 
 def test_shipped_scenarios_parse() -> None:
@@ -150,3 +167,13 @@ def test_missing_file_and_bad_toml(tmp_path: Path) -> None:
     bad.write_text("rounds = = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_scenario(bad)
+
+
+def test_stored_runs_of_the_flat_audit_layout_are_read_in_todays() -> None:
+    old = {"rounds": 2, "audit": {"starts": 3, "time_budget_s": 5.0, "spearpp": {"rounds": [1]}}}
+    new = upgraded_scenario(old)
+    assert new["audit"] == {"spearpp": {"rounds": [1], "starts": 3, "time_budget_s": 5.0}}
+    assert old["audit"]["starts"] == 3  # the stored dict is left as it was
+    audit = parse_scenario(apply_overrides(BASE, [])).audit
+    spearpp = type(audit).model_validate(new["audit"]).table("spearpp")
+    assert isinstance(spearpp, SpearTable) and spearpp.rounds == (1,) and spearpp.starts == 3

@@ -247,7 +247,7 @@ def test_a_short_federation_with_one_client_per_update_mod(tmp_path: Path) -> No
         "data": {"source": "photos", "samples_per_client": 16, "test_size": 40},
         "model": {"width": 40, "depth": 3},
         "clients": {"count": len(mods) + 1, "batch_size": 8, "lr": 0.1, **tables},
-        "audit": {"starts": 200, "steps": 200, "max_passes": 2, "time_budget_s": 5.0},
+        "audit": {"spearpp": {"starts": 200, "steps": 200, "max_passes": 2, "time_budget_s": 5.0}},
     }
     run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
     records = [json.loads(x) for x in (run_dir / "audit.jsonl").read_text().splitlines()]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from attacks import ServerView, SpearConfig
+from attacks import ATTACKS, ServerView, SpearConfig
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.config import ClusterSpec
 from fl_sim.executors import (
@@ -41,7 +41,9 @@ def _job(tmp: Path, client: int, batch: int = 4) -> tuple[AttackJob, torch.Tenso
         gradient={"weight": gw.numpy(), "bias": gb.numpy()},
     )
     config = SpearConfig(starts=200, steps=200, max_passes=2, seed=client)
-    job = AttackJob(1, client, "spearpp", "spearpp", arrays, ServerView({}, {}, LAYER), config)
+    job = AttackJob(
+        1, client, "spearpp", ATTACKS["spearpp"], arrays, ServerView({}, {}, LAYER), config
+    )
     return job, x
 
 
@@ -160,7 +162,7 @@ def test_ray_close_drops_unfinished_work(local_ray: None, tmp_path: Path) -> Non
     executor = RayExecutor(1, LOCAL)
     got = _Collector()
     job, _ = _job(tmp_path, 0, batch=30)
-    slow = replace(job, config=replace(job.config, starts=20000, steps=20000, max_passes=50))
+    slow = replace(job, config=job.config.replace(starts=20000, steps=20000, max_passes=50))
     calls: list[Any] = []
     executor.submit(slow, calls.append, calls.append)
     executor.submit(_job(tmp_path, 1)[0], got.outcome, got.error)

@@ -33,7 +33,7 @@ SMALL: dict[str, Any] = {
     "data": {"source": "photos", "samples_per_client": 20, "test_size": 40},
     "model": {"width": 24, "depth": 3},
     "clients": {"count": 4, "batch_size": 6, "lr": 0.05, "1": {"lr": 1e4}},
-    "audit": {"starts": 100, "steps": 100, "max_passes": 1},
+    "audit": {"spearpp": {"starts": 100, "steps": 100, "max_passes": 1}},
 }
 
 
@@ -131,7 +131,7 @@ def test_ctrl_c_writes_the_summary_and_report_and_exits_130(tmp_path: Path) -> N
     config.write_text(
         'rounds = 50\n[data]\nsource = "photos"\nsamples_per_client = 20\ntest_size = 40\n'
         "[model]\nwidth = 24\ndepth = 3\n[clients]\ncount = 2\nbatch_size = 6\n"
-        "[audit]\nstarts = 100\nsteps = 100\nmax_passes = 1\n"
+        "[audit.spearpp]\nstarts = 100\nsteps = 100\nmax_passes = 1\n"
     )
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

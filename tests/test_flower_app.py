@@ -87,7 +87,7 @@ def test_audit_without_ground_truth_and_its_report(tmp_path: Path) -> None:
         weight=model[0].weight.detach().numpy(),
         bias=model[0].bias.detach().numpy(),
     )
-    spec = AuditSpec(starts=500, steps=500, max_passes=2)
+    spec = AuditSpec(spearpp={"starts": 500, "steps": 500, "max_passes": 2})
     auditor = Auditor(
         spec,
         None,
@@ -114,7 +114,7 @@ def test_audit_without_ground_truth_and_its_report(tmp_path: Path) -> None:
 
 
 def test_auditor_without_data_refuses_the_judges_attacks(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="without ground truth only SPEAR"):
+    with pytest.raises(ValueError, match="without ground truth only attacks that certify"):
         Auditor(AuditSpec(proxies=True), None, tmp_path, 0)
 
 

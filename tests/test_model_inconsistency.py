@@ -227,7 +227,7 @@ def test_through_secagg_isolate_gives_the_target_batch_away_and_nobody_elses(
         "server": {"behaviour": "isolate", "isolate": {"target": 1}},
         # The default search budget: with 200 starts and 2 passes one of the target's 8
         # columns was missed in one CI run of three (SecAgg+'s sum is summed in arrival order).
-        "audit": {"knows_batch_size": False, "grids": False, "time_budget_s": 20.0},
+        "audit": {"knows_batch_size": False, "grids": False, "spearpp": {"time_budget_s": 20.0}},
         # Every client's weight 1, 2^28 levels: the sum's rounding stays far below the update.
         "federation": {"secagg": {"max_weight": 8.0, "quantization_range": 2**28}},
     }  # fmt: skip

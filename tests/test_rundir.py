@@ -108,7 +108,7 @@ def test_audited_flower_app_run_dir_is_rundirs_and_reportable(
         input_shape=(1, 8, 8),
         mean=(0.3,),
         std=(0.4,),
-        settings=AuditSpec(workers=1, time_budget_s=30.0, keep_updates=True),
+        settings=AuditSpec(workers=1, spearpp={"time_budget_s": 30.0}, keep_updates=True),
     )
     strategy.start(
         grid=_LocalClients(model), initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2
@@ -156,3 +156,31 @@ def test_flwr_run_of_fl_sims_app_writes_its_scenario(
     scenario, resolved = load_scenario(flower_app.APP_DIR / "configs" / "quickstart.toml")
     kept = rundir.read_json(run_dir / rundir.SCENARIO)
     assert kept["resolved"] == resolved and parse_scenario(kept["resolved"]) == scenario
+
+
+def test_a_line_torn_by_a_crash_is_left_out_then_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / rundir.AUDIT
+    rundir.append_jsonl(path, {"round": 1})
+    with path.open("a") as f:
+        f.write('{"round": 2, "sta')  # the process died here
+    assert rundir.read_jsonl(path) == [{"round": 1}]
+    assert "cut short by a crash; left out" in caplog.text
+    rundir.append_jsonl(path, {"round": 2})
+    assert rundir.read_jsonl(path) == [{"round": 1}, {"round": 2}]
+    (torn,) = tmp_path.glob(f"{rundir.AUDIT}.torn-*")
+    assert torn.read_text() == '{"round": 2, "sta'
+
+
+def test_json_files_are_replaced_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / rundir.SCENARIO
+    rundir.write_json(path, {"a": 1})
+
+    def killed(*_: object) -> None:
+        raise KeyboardInterrupt  # the process dies between writing and renaming
+
+    monkeypatch.setattr(rundir.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rundir.write_json(path, {"a": 2})
+    assert rundir.read_json(path) == {"a": 1}  # the old file, whole

@@ -22,7 +22,7 @@ SMALL: dict[str, Any] = {
     "data": {"source": "photos", "samples_per_client": 20, "test_size": 40},
     "model": {"width": 100, "depth": 3},
     "clients": {"count": 3, "batch_size": 2, "lr": 0.1},
-    "audit": {"starts": 200, "steps": 200, "max_passes": 2},
+    "audit": {"spearpp": {"starts": 200, "steps": 200, "max_passes": 2}},
     # Fine enough a quantisation (weights of 2 examples at most, 2^26 levels) that the sum
     # carries about 1e-7 of noise: the attack then recovers every sample, and the test can
     # tell whether each went to the right client.

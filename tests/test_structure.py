@@ -10,18 +10,17 @@ LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
     "attacks/spearpp/engine.py": 823,
-    "fl_sim/cli.py": 614,
     "fl_sim/apps/flwr_simulation.py": 562,
     "attacks/spearpp/refine.py": 531,
     "attacks/spearpp/signs.py": 525,
     "attacks/spearpp/factor.py": 475,
-    "fl_sim/audit/auditor.py": 467,
+    "fl_sim/audit/auditor.py": 460,
 }
 
 
 def _lines() -> dict[str, int]:
     sources = {}
-    for package in ("fl_sim", "strategies", "clients", "attacks"):
+    for package in ("fl_sim", "strategies", "clients", "attacks", "flsim_plugins"):
         for path in (ROOT / package).rglob("*.py"):
             sources[path.relative_to(ROOT).as_posix()] = len(path.read_text().splitlines())
     return sources

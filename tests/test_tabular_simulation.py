@@ -18,7 +18,7 @@ def test_spearpp_recovers_breast_cancer_records_exactly(tmp_path: Path) -> None:
         # B = 16 < min(m, n) = 30: the batch is identifiable from the 200 x 30 gradient.
         "model": {"width": 200, "depth": 6},
         "clients": {"count": 2, "batch_size": 16, "lr": 0.5},
-        "audit": {"time_budget_s": 8.0, "max_passes": 10},
+        "audit": {"spearpp": {"time_budget_s": 8.0, "max_passes": 10}},
     }
     run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
     data = json.loads((run_dir / "data.json").read_text())

@@ -121,7 +121,7 @@ def test_a_run_shows_progress_and_summary_without_library_noise(tmp_path: Path) 
         'name = "tiny"\nrounds = 1\n[data]\nsource = "auto"\n'
         f'cifar10_dir = "{tmp_path / "no-cifar"}"\nsamples_per_client = 8\ntest_size = 20\n'
         "[model]\nwidth = 30\ndepth = 2\n[clients]\ncount = 2\nbatch_size = 4\n"
-        "[audit]\nstarts = 20\nsteps = 20\nmax_passes = 1\n"
+        "[audit.spearpp]\nstarts = 20\nsteps = 20\nmax_passes = 1\n"
     )
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -1,10 +1,13 @@
-"""Settings of the SPEAR++ engine: one immutable object, validated on construction."""
+"""Settings of the SPEAR++ engine: one immutable pydantic object, validated on construction
+(a bad value raises a ``ValueError`` naming the key, the value and what is allowed)."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from flsim_plugins.settings import Settings, explain
 
 Surrogate = Literal["l1", "logcosh", "l4"]
 Optimiser = Literal["radam", "pgd"]
@@ -12,19 +15,11 @@ Refinement = Literal["auto", "kernel", "sampling", "none"]
 Search = Literal["signs", "surrogate"]
 NullStep = Literal["auto", "eigh", "inverse"]
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "surrogate": ("l1", "logcosh", "l4"),
-    "optimiser": ("radam", "pgd"),
-    "refine": ("auto", "kernel", "sampling", "none"),
-    "search_dtype": ("float32", "float64"),
-    "search": ("signs", "surrogate"),
-    "null_step": ("auto", "eigh", "inverse"),
-    "budget_clock": ("wall", "cpu"),
-}
+AtLeastOne = Annotated[int, Field(ge=1)]
+AtLeastZero = Annotated[int, Field(ge=0)]
 
 
-@dataclass(frozen=True)
-class SpearConfig:
+class SpearConfig(Settings):
     """How SPEAR++ searches, refines and selects.
 
     Parameters
@@ -108,70 +103,56 @@ class SpearConfig:
         Seed of every random draw; equal seeds give equal results on the same device.
     """
 
+    # Not strict, unlike a config table: a library's callers pass numpy integers and the like.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
     search: Search = "signs"
-    sign_starts: int = 8
-    sign_iterations: int = 14
-    sign_patience: int = 10
+    sign_starts: AtLeastOne = 8
+    sign_iterations: AtLeastOne = 14
+    sign_patience: AtLeastZero = 10
     null_step: NullStep = "auto"
     surrogate: Surrogate = "l1"
     optimiser: Optimiser = "radam"
-    starts: int = 2000
-    steps: int = 1000
+    starts: AtLeastOne = 2000
+    steps: AtLeastOne = 1000
     lr: float = 0.1
     lr_final: float = 0.001
-    max_passes: int = 8
-    time_budget_s: float | None = None
+    max_passes: AtLeastOne = 8
+    time_budget_s: Annotated[float, Field(gt=0)] | None = None
     budget_clock: Literal["wall", "cpu"] = "wall"
     refine: Refinement = "auto"
-    rounding_samples: int = 50
-    logcosh_mu: float = 0.02
-    harvest_every: int = 100
-    drop_cosine: float = 0.995
-    zero_tol: float | None = None
+    rounding_samples: AtLeastOne = 50
+    logcosh_mu: Annotated[float, Field(gt=0)] = 0.02
+    harvest_every: AtLeastZero = 100
+    drop_cosine: Annotated[float, Field(gt=0, le=1)] = 0.995
+    zero_tol: Annotated[float, Field(gt=0, lt=1)] | None = None
     split_mixtures: bool = True
     deflate: bool = True
     next_layer_scale: bool = True
     search_dtype: Literal["float32", "float64"] = "float32"
     device: str = "auto"
-    max_elements: int = 16_000_000
-    selection_sweeps: int = 2
+    max_elements: AtLeastOne = 16_000_000
+    selection_sweeps: AtLeastZero = 2
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"SpearConfig.{name}={value!r}: allowed are {', '.join(allowed)}")
-        for name in (
-            "starts",
-            "steps",
-            "max_passes",
-            "rounding_samples",
-            "max_elements",
-            "sign_starts",
-            "sign_iterations",
-        ):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"SpearConfig.{name}={getattr(self, name)!r}: must be >= 1")
-        for name in ("harvest_every", "selection_sweeps", "sign_patience"):
-            if int(getattr(self, name)) < 0:
-                raise ValueError(f"SpearConfig.{name}={getattr(self, name)!r}: must be >= 0")
+    def __init__(self, **settings: Any) -> None:
+        try:
+            super().__init__(**settings)
+        except ValidationError as err:
+            raise ValueError(explain(err, SpearConfig, prefix="SpearConfig.", sep="=")) from None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, device: str) -> str:
+        if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+            raise ValueError("allowed are auto, cpu, cuda, cuda:N")
+        return device
+
+    @model_validator(mode="after")
+    def _lr_schedule(self) -> SpearConfig:
         if not 0 < self.lr_final <= self.lr:
-            raise ValueError(
-                f"SpearConfig.lr={self.lr!r}, lr_final={self.lr_final!r}: need 0 < lr_final <= lr"
-            )
-        if not 0 < self.drop_cosine <= 1:
-            raise ValueError(f"SpearConfig.drop_cosine={self.drop_cosine!r}: must be in (0, 1]")
-        if self.zero_tol is not None and not 0 < self.zero_tol < 1:
-            raise ValueError(f"SpearConfig.zero_tol={self.zero_tol!r}: must be in (0, 1)")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ValueError(f"SpearConfig.time_budget_s={self.time_budget_s!r}: must be > 0")
-        if self.logcosh_mu <= 0:
-            raise ValueError(f"SpearConfig.logcosh_mu={self.logcosh_mu!r}: must be > 0")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(
-                f"SpearConfig.device={self.device!r}: allowed are auto, cpu, cuda, cuda:N"
-            )
+            raise ValueError(f"lr={self.lr!r}, lr_final={self.lr_final!r}: need 0 < lr_final <= lr")
+        return self
 
     @property
     def refinement(self) -> str:
@@ -182,11 +163,11 @@ class SpearConfig:
 
     def replace(self, **changes: Any) -> SpearConfig:
         """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return SpearConfig(**{**self.model_dump(), **changes})
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as plain values, for results and logs."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
 def paper_config(surrogate: Surrogate = "l1", optimiser: Optimiser = "radam") -> SpearConfig:

@@ -95,11 +95,11 @@ _COMPLEMENT_RETRY = 0.75
 # B=8, m=100 under SecAgg+'s quantisation, one zero just past the noise tolerance.
 _LAST_MATCH = 0.95
 # Evictions of a suspected mix from a full pool (see _evict_mismatched), each followed by sign
-# rounds until the pool is full again: one sufficed where a mix had passed (DP sigma=1e-6,
-# B=150, m=4000, seed 2), a second covers a wrong guess of which suspect is the mix.
+# rounds until the pool is full again: one suffices where a mix passed under little noise (DP
+# sigma=1e-6, B=150, m=4000), a second covers a wrong guess of which suspect is the mix.
 _REPAIRS = 2
 # Idle sign rounds after an eviction: where a mix was evicted the first round found the
-# columns (DP sigma=1e-6, B=150, m=4000, seed 2: 4 new in one round of 8 starts); where noise,
+# columns (DP sigma=1e-6, B=150, m=4000: 4 new in one round of 8 starts); where noise,
 # not a mix, lowers the matching (DP sigma=1e-4, B=20, m=200) none does, and the default
 # patience made the attack 3 to 8 times slower for nothing.
 _REPAIR_PATIENCE = 2
@@ -497,7 +497,7 @@ def _sign_rounds(
         # columns: at B=100, m=4000 a round of 8 starts costs 0.15 s and finds the last 5, the
         # complement round 2.5 s. Under noise (and float32 round-off) also once few are
         # missing: there a sign round's mix can pass the noise-level certificate first
-        # (trained float32, B=20, m=200, seed 5: one did, and no sample came back).
+        # (a trained float32 client, B=20, m=200: one did, and no sample came back).
         missing = batch_size - len(pool)
         retry = not grew and missing <= _COMPLEMENT_RETRY * fruitless
         few = bool(harvest.rule.noise_std) and _few_missing(config, batch_size, len(pool))
@@ -708,7 +708,7 @@ def run_spearpp(
     ):
         # A full pool whose samples do not all match holds a mix that passed the noise-level
         # certificate: evict it and the samples it corrupts, and search on (DP sigma=1e-6,
-        # B=150, m=4000, seed 2: one mix, two samples under 0.95, 149 of 150 near-exact).
+        # B=150, m=4000: one mix, two samples under 0.95, 149 of 150 near-exact).
         repairs += 1
         _evict_mismatched(pool, columns, solution.matching < _EXACT_MATCHING)
         harvest.reopen()

@@ -52,7 +52,7 @@ JUMP_ITERATIONS = 4
 # they leave misses the unfound columns by several degrees; points need these iterations to
 # reach them. Measured (bench/results/README.md, "what limits the sign search"): rounds with
 # estimated inputs at m=200, B=40 found 10 to 12 of 40 columns with 2, 27 to 35 with 4; the
-# engine at m=1000, B=150, seed 0, 39 of 150 columns in 250 s with 2, all 150 in 196 s with 4
+# engine at m=1000, B=150, 39 of 150 columns in 250 s with 2, all 150 in 196 s with 4
 # (with exact inputs, deflation finds every column either way).
 FREE_ITERATIONS = 4
 # IRLS weights are capped where |L q| falls below this share of its largest entry.

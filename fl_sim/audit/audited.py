@@ -12,9 +12,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
+from attacks import ATTACKS
 from fl_sim import rundir
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.schema import AuditSpec
+from fl_sim.config.upgrade import upgraded_audit
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import array_keys, first_linear
 from fl_sim.report import build_report
@@ -128,10 +130,12 @@ class AuditedStrategy(HonestButCurious):
             raise AuditError("mean and std need input_shape, to know the channels they apply to")
         self.run_dir = Path(run_dir)
         self.spec = settings or AuditSpec()
-        if self.spec.attacks != ("spearpp",) or self.spec.proxies:
+        if self.spec.proxies or not all(ATTACKS[a].runs_without_truth for a in self.spec.attacks):
             raise AuditError(
                 f"settings.attacks={list(self.spec.attacks)}, settings.proxies="
-                f"{self.spec.proxies}: without ground truth only SPEAR++ runs, without proxies"
+                f"{self.spec.proxies}: without ground truth only attacks that certify what they "
+                f"report run ({', '.join(n for n, a in ATTACKS.items() if a.runs_without_truth)})"
+                ", without proxies"
             )
         self.named_layer = layer
         self.model = model
@@ -214,7 +218,7 @@ def resumed_auditor(run_dir: Path, done: Collection[tuple[int, int, str]]) -> Au
     norm = kept["normalization"]
     w_key, b_key = kept["layer"]
     return Auditor(
-        AuditSpec.model_validate(kept["settings"]),
+        AuditSpec.model_validate(upgraded_audit(kept["settings"])),
         None,
         run_dir,
         int(kept["seed"]),

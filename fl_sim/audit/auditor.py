@@ -26,9 +26,8 @@ import numpy as np
 from torch import nn
 
 from attacks import ATTACKS
-from clients.defences import defence_label
 from clients.defences.base import EPSILON
-from clients.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS, TAMPER_FLAGGED, TRAIN_LOSS
+from clients.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.audit.judge import Judge, Verdict, sample_ids, true_batch_size
 from fl_sim.audit.log import (
@@ -38,17 +37,17 @@ from fl_sim.audit.log import (
     AuditLog,
     attack_fields,
     new_record,
+    reply_record,
 )
-from fl_sim.audit.plans import PLANS, AttackRun, audit_runs, covers
 from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, write_proxy_arrays
+from fl_sim.audit.runs import AttackRun, audit_runs
 from fl_sim.audit.threat_model import Sight, ThreatModel, next_layer_helps
 from fl_sim.audit.updates import save_update
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.federated import FederatedData
 from fl_sim.data.normalize import Normalization
-from fl_sim.executors import EXECUTORS, WorkerJob
-from fl_sim.executors.cluster import ClusterSpec
+from fl_sim.executors import EXECUTORS, ClusterSpec, WorkerJob
 from fl_sim.model import array_keys, next_linear
 from fl_sim.rundir import AGGREGATE_VIEW, COHORT_VIEW
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
@@ -119,10 +118,11 @@ class Auditor:
         normalization: Normalization | None = None,
         behaviour: str = "honest",
     ) -> None:
-        if data is None and (spec.proxies or spec.attacks != ("spearpp",)):
+        needs_truth = [a for a in spec.attacks if not ATTACKS[a].runs_without_truth]
+        if data is None and (spec.proxies or needs_truth):
             raise ValueError(
-                f"without ground truth only SPEAR++ can run: audit.attacks={list(spec.attacks)}"
-                f" and audit.proxies={spec.proxies} need the run's data"
+                f"without ground truth only attacks that certify what they report can run: audit."
+                f"attacks={list(spec.attacks)} and audit.proxies={spec.proxies} need the run's data"
             )
         self.spec = spec
         self.round_epsilon = round_epsilon
@@ -163,7 +163,7 @@ class Auditor:
 
     def runs_for(self, server_round: int, client: int) -> list[AttackRun]:
         """The attacks the audit runs on this client's update of this round."""
-        return [r for r in self.runs if covers(self.spec, r, server_round, client)]
+        return [r for r in self.runs if self.spec.covers(r.attack, server_round, client)]
 
     def keeps_whole(self, server_round: int, declared: Mapping[str, Any]) -> bool:
         """Whether this reply is needed whole: a whole-model attack or the proxies target it,
@@ -179,19 +179,20 @@ class Auditor:
     def queue(self, update: InterceptedUpdate) -> int:
         """Queue the attack (and proxy) jobs of an update; returns how many were queued."""
         base = self._base(update)
-        if self.spec.keep_updates and update.problem is None:
-            save_update(update, self.log.update_path(base))
         if update.problem is not None:
             self._write(
                 {**base, "attack": None, "status": update.failure, "reason": update.problem}
             )
             return 0
         runs = self.runs_for(base["round"], base["client"])
+        todo = [r for r in runs if (base["round"], base["client"], r.label) not in self.done]
+        # Kept on disk until its last job is recorded, so a hard kill loses no queued attack
+        # (``fl-sim audit RUN_DIR`` resumes from it); kept for good with ``keep_updates``.
+        if self.spec.keep_updates or todo:
+            save_update(update, self.log.update_path(base))
         ids = sample_ids(update.audit)  # the judge keeps these, not the update's arrays
         queued = 0
-        for run in runs:
-            if (base["round"], base["client"], run.label) in self.done:
-                continue
+        for run in todo:
             record = {**base, "attack": run.attack, **({"loss": run.loss} if run.loss else {})}
             if ATTACKS[run.attack].whole_model and update.arrays is None:
                 self._write(
@@ -251,7 +252,7 @@ class Auditor:
             r
             for r in self.runs
             if not ATTACKS[r.attack].whole_model
-            and any(covers(self.spec, r, server_round, c) for c in clients)
+            and any(self.spec.covers(r.attack, server_round, c) for c in clients)
         ]
         queued = 0
         for run in runs:
@@ -325,24 +326,13 @@ class Auditor:
         declared: Mapping[str, Any],
         audit: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """What every record of this client's reply says, whatever became of it."""
         epsilon = declared.get(EPSILON)
         if epsilon is None and self.round_epsilon is not None:
             epsilon = self.round_epsilon(server_round)
-        return {
-            **new_record(
-                server_round,
-                client,
-                node_id,
-                defence_label(declared),
-                float(epsilon) if epsilon is not None else None,
-            ),
-            "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
-            # The true batch size is ground truth: unknown (None) where the client sent none.
-            "batch_size": true_batch_size(audit),
-            # The client's own check of the model it was sent (None: it did not say).
-            "tamper_flagged": declared.get(TAMPER_FLAGGED),
-        }
+        epsilon = float(epsilon) if epsilon is not None else None
+        return reply_record(
+            server_round, node_id, client, declared, true_batch_size(audit), epsilon
+        )
 
     def _truth(self) -> Judge:
         """The judge, for the paths that the constructor opens only with the run's data."""
@@ -368,9 +358,11 @@ class Auditor:
         view = sight.view
         arrays = write_arrays(self.log.job_path(base, run.label), view.weights, view.gradient)
         seed = self.seed * 7919 + base["round"] * 101 + base["client"]
-        config = PLANS[run.attack].settings(self.spec, run, seed)
+        config = run.config(self.spec, seed)
         view = dataclasses.replace(view, weights={}, gradient={})
-        return AttackJob(base["round"], base["client"], run.label, run.attack, arrays, view, config)
+        return AttackJob(
+            base["round"], base["client"], run.label, ATTACKS[run.attack], arrays, view, config
+        )
 
     def _proxy_job(self, update: InterceptedUpdate, base: Mapping[str, Any]) -> ProxyJob:
         sent_all, _ = update.whole()
@@ -459,8 +451,10 @@ class Auditor:
             self.log.write(record, run)
             if run is not None:
                 self._pending.pop((record["round"], record["client"], run), None)
+                self.log.release_update(record, self._pending, self.spec.keep_updates)
 
     def _write_proxies(self, row: dict[str, Any]) -> None:
         with self._lock:
             self.log.write_proxies(row)
             self._pending.pop((row["round"], row["client"], PROXY_RUN), None)
+            self.log.release_update(row, self._pending, self.spec.keep_updates)

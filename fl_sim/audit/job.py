@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attacks import AttackInputError, ServerView, run_attack
+from attacks import AttackInputError, AttackPlugin, ServerView
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class AttackJob:
         The record's label: the attack's name, with the loss for the inversion attack
         (``spearpp``, ``inversion-cosine``, ...).
     attack
-        Registry name (``attacks.ATTACKS``).
+        The attack's plugin (``attacks.ATTACKS[name]``): it travels with the job, so a worker
+        runs attacks registered outside :mod:`attacks.plugins` too (its class is imported by
+        name where the job is unpickled).
     arrays
         Path of the .npz (see :func:`write_arrays`).
     view
@@ -46,7 +48,7 @@ class AttackJob:
     server_round: int
     client: int
     run: str
-    attack: str
+    attack: AttackPlugin
     arrays: str
     view: ServerView
     config: Any
@@ -57,7 +59,7 @@ class AttackJob:
         weights, gradient = read_arrays(self.arrays)
         view = dataclasses.replace(self.view, weights=weights, gradient=gradient)
         try:
-            rec = run_attack(self.attack, view, self.config)
+            rec = self.attack.reconstruct(view, self.config)
         except AttackInputError as err:
             return AttackOutcome(
                 self.server_round,

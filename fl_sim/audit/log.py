@@ -11,13 +11,15 @@ record is filed. File names are :mod:`fl_sim.rundir`'s.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from clients.defences import defence_label
+from clients.reply import TAMPER_FLAGGED, TRAIN_LOSS
 from fl_sim import rundir
 from fl_sim.audit.grid import save_grid, save_row
 from fl_sim.audit.heatmap import save_heatmap
@@ -54,6 +56,26 @@ def new_record(
         "node_id": node_id,
         "defence": defence,
         "epsilon": epsilon,
+    }
+
+
+def reply_record(
+    server_round: int,
+    node_id: int,
+    client: int,
+    declared: Mapping[str, Any],
+    batch_size: int | None,
+    epsilon: float | None,
+) -> dict[str, Any]:
+    """What every record of a client's reply says, whatever became of it: ``declared`` (what
+    the client said of itself, its training loss left out), the true ``batch_size`` (ground
+    truth: None where the client sent no sample ids) and its own check of the model it was
+    sent (``tamper_flagged``, None where it did not say)."""
+    return {
+        **new_record(server_round, client, node_id, defence_label(declared), epsilon),
+        "declared": {k: v for k, v in declared.items() if k != TRAIN_LOSS},
+        "batch_size": batch_size,
+        "tamper_flagged": declared.get(TAMPER_FLAGGED),
     }
 
 
@@ -129,6 +151,15 @@ class AuditLog:
     def update_path(self, base: Mapping[str, Any]) -> Path:
         """Where an intercepted update is kept."""
         return self.run_dir / rundir.UPDATES_DIR / f"{file_stem(base)}.npz"
+
+    def release_update(
+        self, record: Mapping[str, Any], pending: Collection[tuple[int, int, str]], keep: bool
+    ) -> None:
+        """Remove the stored copy of ``record``'s update once none of its jobs is ``pending``
+        (it was stored so that a hard kill loses no queued attack), unless ``keep``."""
+        key = (record["round"], record["client"])
+        if not keep and not any(p[:2] == key for p in pending):
+            self.update_path(record).unlink(missing_ok=True)
 
     def stored_updates(self) -> list[Path]:
         """The kept updates, in round and client order."""

@@ -13,6 +13,7 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.log import AuditLog
 from fl_sim.audit.updates import load_update
 from fl_sim.config import parse_scenario
+from fl_sim.config.upgrade import upgraded_scenario
 from fl_sim.data.federated import federated_data
 
 
@@ -24,15 +25,16 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     Raises
     ------
     FileNotFoundError
-        When the run kept no updates (``[audit] keep_updates = true`` keeps them), or says
-        neither how its federation nor how its audit was run.
+        When the run holds no updates (each is stored while its attacks are queued, and kept
+        after with ``[audit] keep_updates = true``), or says neither how its federation nor
+        how its audit was run.
     """
     log = AuditLog(run_dir)
     stored = log.stored_updates()
     if not stored:
         raise FileNotFoundError(
-            f"{run_dir / rundir.UPDATES_DIR} holds no updates: run with "
-            "--set audit.keep_updates=true"
+            f"{run_dir / rundir.UPDATES_DIR} holds no updates: its audit finished (to redo an "
+            "audit, run with --set audit.keep_updates=true)"
         )
     raw = rundir.read_json(run_dir / rundir.SCENARIO).get("resolved")
     if raw is None and not (run_dir / rundir.AUDITED).is_file():
@@ -54,7 +56,7 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
 
 def _auditor(run_dir: Path, raw: dict[str, Any], log: AuditLog) -> Auditor:
     """The auditor of a run of fl-sim's own federation, from its resolved scenario."""
-    scenario = parse_scenario(raw)
+    scenario = parse_scenario(upgraded_scenario(raw))
     data = federated_data(scenario.data, len(scenario.clients), scenario.seed)
     return Auditor(
         scenario.audit,

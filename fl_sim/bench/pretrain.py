@@ -6,6 +6,7 @@ images of the same distribution, as a federation's global model has by a later r
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,3 +75,15 @@ class Pretraining:
         with torch.no_grad():
             seen = torch.from_numpy(allowed)
             return float((model(inputs[seen]).argmax(1) == labels[seen]).double().mean())
+
+
+def add_pretraining_options(group: argparse._ArgumentGroup, default_steps: int | None) -> None:
+    """--pretrain-steps, --pretrain-lr and --pretrain-batch (see :class:`Pretraining`)."""
+    group.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=default_steps,
+        help="SGD steps before the client's round (0: none)",
+    )
+    group.add_argument("--pretrain-lr", type=float, default=0.05)
+    group.add_argument("--pretrain-batch", type=int, default=32, help="images per SGD step")

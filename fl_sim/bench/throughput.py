@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks import ServerView, SpearConfig
+from attacks import ATTACKS, ServerView, SpearConfig
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
@@ -76,7 +76,7 @@ def write_jobs(case: AttackCase, seeds: range, data: ImageSet, folder: Path) -> 
                 server_round=1,
                 client=seed,
                 run="spearpp",
-                attack="spearpp",
+                attack=ATTACKS["spearpp"],
                 arrays=arrays,
                 view=ServerView({}, {}, ("weight", "bias")),
                 config=case.attack.replace(seed=seed),

@@ -86,7 +86,7 @@ def _client(path: str, settings: Mapping[str, Any]) -> ClientSpec:
     declare (a group's keys for another defence are not its), each named mod its sub-table."""
     known = training_defences()
     name = settings.get(_DEFENCE, "fedsgd")
-    if name not in known:
+    if not isinstance(name, str) or name not in known:
         raise ConfigError(f"{path}.{_DEFENCE} = {name!r}: allowed are {', '.join(known)}")
     cls = known[name].Settings
     training = _validated(
@@ -130,7 +130,7 @@ def _server(raw: Any) -> ServerSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"server = {raw!r}: expected a table")
     name = raw.get(BEHAVIOUR, "honest")
-    if name not in BEHAVIOURS:
+    if not isinstance(name, str) or name not in BEHAVIOURS:
         raise ConfigError(f"server.{BEHAVIOUR} = {name!r}: allowed are {', '.join(BEHAVIOURS)}")
     for key, value in raw.items():
         if key != BEHAVIOUR and key not in BEHAVIOURS:

@@ -7,29 +7,33 @@ into messages naming the dotted key, the value and what is allowed.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, SerializeAsAny, field_validator, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_validator
 from torch import nn
 
-from attacks import ATTACKS
-from attacks.inversion import LOSSES, InversionConfig, InversionSettings
+from attacks import ATTACKS, AttackTable
 from clients.defences import DefenceSettings, TrainingSettings
 from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
 from fl_sim.data.spec import DataSpec
 from fl_sim.executors.cluster import ClusterSpec, CpuAmount, GpuAmount
 from fl_sim.model import array_keys, fc_relu_net, first_linear
-from flsim_plugins.settings import AtLeastOne, Bool, Ids, Int, Names, Positive, Settings, Str
+from flsim_plugins.settings import (
+    AtLeastOne,
+    Bool,
+    Ids,
+    Int,
+    Names,
+    Positive,
+    Settings,
+    Str,
+    distinct,
+)
+from flsim_plugins.tables import PluginTables
 from strategies.behaviours import BEHAVIOURS, BehaviourSettings
-
-
-def _distinct(value: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ...]:
-    """A non-empty list of distinct names out of ``allowed``."""
-    if not value or set(value) - set(allowed) or len(set(value)) != len(value):
-        raise ValueError(f"allowed are {', '.join(allowed)}, each at most once (at least one)")
-    return value
 
 
 class ModelSpec(Settings):
@@ -79,69 +83,7 @@ class ClientSpec(Settings):
         return (self.training.defence, *(m.defence for m in self.mods))
 
 
-class AttackTargets(Settings):
-    """Which audited rounds and clients one attack runs on (empty: every audited one).
-
-    An attack runs on a client's update of a round when the audit targets it (``audit.rounds``,
-    ``audit.clients``) and so does the attack's own table (``[audit.spearpp]``,
-    ``[audit.inversion]``).
-    """
-
-    rounds: Ids = ()
-    clients: Ids = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _only_targets(cls, data: Any) -> Any:
-        if isinstance(data, dict) and set(data) - {"rounds", "clients"}:
-            raise ValueError(
-                "a table of rounds, clients (SPEAR++'s budget keys starts, steps, ... stay in "
-                "[audit])"
-            )
-        return data
-
-    def covers(self, server_round: int, client: int) -> bool:
-        """Whether (round, client) is in these targets."""
-        return (not self.rounds or server_round in self.rounds) and (
-            not self.clients or client in self.clients
-        )
-
-
-class InversionSpec(Settings, InversionSettings):
-    """Where and how the optimisation-based attack runs (``[audit.inversion]``).
-
-    Parameters
-    ----------
-    rounds, clients
-        Its targets within the audit's (empty: all).
-    losses
-        Gradient distances, one attack per loss: ``cosine`` and/or ``l2``.
-    restarts, iterations, lr, tv, signed, dtype, device
-        How it optimises: :class:`attacks.inversion.InversionSettings`, declared there.
-    """
-
-    model_config = Settings.model_config
-    rounds: Ids = ()
-    clients: Ids = ()
-    losses: Names = ("cosine",)
-
-    @field_validator("losses")
-    @classmethod
-    def _losses(cls, losses: tuple[str, ...]) -> tuple[str, ...]:
-        return _distinct(losses, LOSSES)
-
-    def config(self, loss: str, seed: int) -> InversionConfig:
-        """The attack's settings for one run: this table's, with its loss and seed."""
-        shared = self.model_dump(include=set(InversionSettings.model_fields))
-        return InversionConfig.model_validate({**shared, "loss": loss, "seed": seed})
-
-    @property
-    def targets(self) -> AttackTargets:
-        """Its rounds and clients."""
-        return AttackTargets(rounds=self.rounds, clients=self.clients)
-
-
-class AuditSpec(Settings):
+class AuditSpec(PluginTables):
     """What the honest-but-curious server attacks, with what knowledge and budget.
 
     Parameters
@@ -152,11 +94,10 @@ class AuditSpec(Settings):
         Which rounds and client ids to attack (empty: all).
     attacks
         Attacks to run, by registry name (``attacks.ATTACKS``): ``spearpp``, ``inversion``,
-        ``analytic``.
-    spearpp
-        SPEAR++'s own targets within the audit's (``[audit.spearpp]``).
-    inversion
-        The optimisation attack's targets and settings (``[audit.inversion]``).
+        ``analytic``. Each registered attack has a table of its own, ``[audit.<name>]``, with
+        its targets within the audit's and its settings (:meth:`table`): SPEAR++'s budget in
+        ``[audit.spearpp]``, the optimisation attack's losses and optimiser in
+        ``[audit.inversion]``.
     proxies
         Compute each attacked sample's vulnerability proxies (gradient norm, LAVP) at the
         ground truth (``proxies.jsonl``; with the inversion attack, ``forecast.jsonl``).
@@ -171,12 +112,6 @@ class AuditSpec(Settings):
     knows_labels
         The inversion attack is told the batch's labels (else it recovers them from the
         head's gradient).
-    starts, steps, max_passes, time_budget_s
-        SPEAR++ budget per reconstruction (the time budget stops new passes).
-    budget_clock
-        What the time budget counts: ``cpu`` (the attack's own CPU seconds per torch thread,
-        so attacks running beside the federation, or a busy machine, do not cut it short) or
-        ``wall`` seconds.
     workers
         Attack processes working beside the federation.
     wait_s
@@ -185,42 +120,53 @@ class AuditSpec(Settings):
     grids
         Save an image grid (originals over reconstructions) per record.
     keep_updates
-        Save every intercepted update under ``updates/`` so ``fl-sim audit RUN_DIR`` can resume
-        an interrupted audit or redo it (about 4.7 MB per client and round at m = 200; the
-        whole model's arrays too where a whole-model attack or the proxies need them).
+        Keep every attacked update under ``updates/`` for good, so ``fl-sim audit RUN_DIR`` can
+        redo the audit (about 4.7 MB per client and round at m = 200; the whole model's arrays
+        too where a whole-model attack or the proxies need them). Without it each update is
+        stored only until its last record is written: a run killed mid-audit keeps what was
+        still queued, and ``fl-sim audit RUN_DIR`` resumes it.
     """
 
     enabled: Bool = True
     rounds: Ids = ()
     clients: Ids = ()
     attacks: Names = ("spearpp",)
-    spearpp: AttackTargets = AttackTargets()
-    inversion: InversionSpec = InversionSpec()
     proxies: Bool = False
     proxy_tol: Positive = 1e-8
     proxy_max_iter: AtLeastOne = 300
     knows_batch_size: Bool = False
     knows_noise: Bool = True
     knows_labels: Bool = False
-    starts: AtLeastOne = 2000
-    steps: AtLeastOne = 1000
-    max_passes: AtLeastOne = 4
-    time_budget_s: Positive = 30.0
-    budget_clock: Literal["cpu", "wall"] = "cpu"
     workers: AtLeastOne = 1
     wait_s: Positive = 600.0
     grids: Bool = True
     keep_updates: Bool = False
 
+    # SPEAR++'s budget had its place in [audit] before each attack had a table.
+    moved: ClassVar[Mapping[str, str]] = {
+        key: f"[audit.spearpp] {key}"
+        for key in ("starts", "steps", "max_passes", "time_budget_s", "budget_clock")
+    }
+
+    @classmethod
+    def plugin_tables(cls) -> Mapping[str, type[BaseModel]]:
+        return {name: attack.Table for name, attack in ATTACKS.items()}
+
     @field_validator("attacks")
     @classmethod
     def _attacks(cls, attacks: tuple[str, ...]) -> tuple[str, ...]:
-        return _distinct(attacks, tuple(sorted(ATTACKS)))
+        return distinct(attacks, tuple(sorted(ATTACKS)))
 
     @property
-    def targets(self) -> AttackTargets:
+    def targets(self) -> AttackTable:
         """The audit's rounds and clients."""
-        return AttackTargets(rounds=self.rounds, clients=self.clients)
+        return AttackTable(rounds=self.rounds, clients=self.clients)
+
+    def covers(self, attack: str, server_round: int, client: int) -> bool:
+        """Whether ``attack`` runs on this client's update of this round."""
+        table = self.table(attack)
+        assert isinstance(table, AttackTable)
+        return self.targets.covers(server_round, client) and table.covers(server_round, client)
 
 
 class ResourcesSpec(Settings):
@@ -277,11 +223,8 @@ class Scenario(Settings):
                     f"a client's batch_size = {spec.batch_size} exceeds "
                     f"data.samples_per_client = {self.data.samples_per_client}"
                 )
-        tables = {
-            "audit": self.audit,
-            "audit.spearpp": self.audit.spearpp,
-            "audit.inversion": self.audit.inversion,
-        }
+        tables: dict[str, Any] = {"audit": self.audit}
+        tables.update({f"audit.{name}": self.audit.table(name) for name in ATTACKS})
         limits = {"rounds": (1, self.rounds), "clients": (0, len(self.clients) - 1)}
         for table, targets in tables.items():
             for key, (low, high) in limits.items():

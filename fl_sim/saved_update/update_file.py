@@ -123,6 +123,8 @@ def read_update(path: Path) -> SavedUpdate:
             arrays = {k: npz[k] for k in npz.files}
     except FileNotFoundError:
         raise UpdateFileError(f"{path}: no such file") from None
+    except EOFError:  # what numpy raises on a file of no bytes
+        raise UpdateFileError(f"{path}: the file is empty, not a numpy .npz archive") from None
     except (zipfile.BadZipFile, ValueError, OSError) as err:
         raise UpdateFileError(f"{path}: not a numpy .npz archive ({err})") from None
     return parse_update(arrays)

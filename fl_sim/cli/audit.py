@@ -1,0 +1,33 @@
+"""``fl-sim audit``: resume (or redo) a run's audit from what it stored."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fl_sim.cli.summary import print_summary
+
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``fl-sim audit``."""
+    audit = sub.add_parser(
+        "audit", help="resume (or --redo) the audit of a run from its stored updates"
+    )
+    audit.add_argument("run_dir")
+    audit.add_argument("--redo", action="store_true", help="attack every stored update again")
+    audit.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from fl_sim.audit.reaudit import reaudit
+    from fl_sim.report import build_report
+
+    run_dir = Path(args.run_dir)
+    try:
+        queued = reaudit(run_dir, redo=args.redo)
+    except FileNotFoundError as err:
+        raise SystemExit(f"fl-sim audit: {err}") from None
+    print(f"{queued} updates attacked")
+    build_report(run_dir)
+    print_summary(run_dir)
+    return 0

@@ -1,0 +1,1 @@
+"""Plugins written in the tests as a user would write their own: each one module."""
