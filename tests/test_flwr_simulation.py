@@ -26,9 +26,8 @@ from fl_sim.apps.flwr_simulation import (
     RuntimeChoiceError,
     choose_runtime,
     legacy_reasons,
-    stop_superlink,
-    superlink_pids,
 )
+from fl_sim.apps.superlink import stop_superlink, superlink_pids
 from fl_sim.config import parse_scenario
 from fl_sim.proctree import descendants, stop_trees
 from fl_sim.run import RunStoppedError, run_scenario
@@ -355,3 +354,31 @@ def test_the_check_after_flwr_run_trusts_neither_its_exit_status_nor_the_run_alo
         launcher._check(_Exited(0), env)  # type: ignore[arg-type]
     (tmp_path / rundir.MODEL).write_bytes(b"")
     launcher._check(_Exited(0), env)  # type: ignore[arg-type]
+
+
+def test_the_watchdog_stops_the_superlink_once_fl_sim_is_killed(tmp_path: Path) -> None:
+    """``kill -9`` of ``fl-sim run`` leaves its SuperLink (a session of its own) running but for
+    the watchdog, which stops it and what it started, then leaves."""
+    home = tmp_path / "home"
+    log_file = str(home / "local-superlink" / "superlink.log")
+    superlink = subprocess.Popen(
+        [sys.executable, "-c", _FAKE_SUPERLINK, "flower-superlink", "--log-file", log_file]
+    )
+    fl_sim_run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "fl_sim.apps.superlink", str(fl_sim_run.pid), str(home)],
+        start_new_session=True,
+    )
+    try:
+        time.sleep(2)
+        assert superlink.poll() is None and watchdog.poll() is None  # fl-sim lives: left alone
+        fl_sim_run.kill()
+        fl_sim_run.wait()
+        superlink.wait(timeout=30)
+        assert watchdog.wait(timeout=30) == 0 and not superlink_pids(home)
+    finally:
+        stop_superlink(home)
+        for proc in (fl_sim_run, superlink, watchdog):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)

@@ -10,7 +10,7 @@ LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
     "attacks/spearpp/engine.py": 823,
-    "fl_sim/apps/flwr_simulation.py": 562,
+    "fl_sim/apps/flwr_simulation.py": 508,
     "attacks/spearpp/refine.py": 531,
     "attacks/spearpp/signs.py": 525,
     "attacks/spearpp/factor.py": 475,

@@ -44,9 +44,9 @@ from typing import IO
 
 import fl_sim
 from fl_sim import rundir
+from fl_sim.apps.superlink import start_watchdog, stop_superlink
 from fl_sim.config.load import ConfigError
 from fl_sim.config.schema import Scenario
-from fl_sim.proctree import descendants, session_id, stop_trees
 from fl_sim.progress import RunProgress
 
 log = logging.getLogger(__name__)
@@ -348,6 +348,7 @@ class FlwrSimulation:
                 *("--federation-config", self._federation_config()),
             ]
             log.info("flwr run: %s", " ".join(command))
+            watchdog = start_watchdog(home)  # for a kill -9 of this process
             with (self.run_dir / rundir.RUN_LOG).open("a") as out:
                 try:
                     self._run(command, env, out, control)
@@ -357,6 +358,9 @@ class FlwrSimulation:
                     except KeyboardInterrupt:  # Ctrl-C again: it is stopped all the same
                         stop_superlink(home)
                         raise
+                    finally:
+                        watchdog.kill()
+                        watchdog.wait()
                     log.info("stopped the local SuperLink and its processes: %s", stopped)
 
     def _run(self, command: list[str], env: dict[str, str], out: IO[str], control: Path) -> None:
@@ -502,61 +506,3 @@ class FlwrSimulation:
             paths = [source, *env.get("PYTHONPATH", "").split(os.pathsep)]
             env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         return env
-
-
-def superlink_pids(home: Path) -> list[int]:
-    """The ``flower-superlink`` processes whose command line names ``home`` (the private
-    ``FLWR_HOME`` whose ``local-superlink`` folder holds its log and database).
-
-    Parameters
-    ----------
-    home
-        The ``FLWR_HOME`` the SuperLink was started with.
-
-    Returns
-    -------
-    list of int
-        Their pids.
-    """
-    marker = str(home / "local-superlink")
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(a.endswith("flower-superlink") for a in args) and any(marker in a for a in args):
-            found.append(int(entry.name))
-    return found
-
-
-def stop_superlink(home: Path) -> list[int]:
-    """Stop the local SuperLink started with ``home`` and every process it started: its tree,
-    and what is left in the sessions its processes lead (Ray's workers, re-parented when
-    their parent ended). Returns the pids it stopped.
-
-    Parameters
-    ----------
-    home
-        The ``FLWR_HOME`` the SuperLink was started with.
-
-    Returns
-    -------
-    list of int
-        The processes that were running and were told to stop.
-    """
-    roots = superlink_pids(home)
-    tree = {pid for root in roots for pid in descendants(root)}
-    sessions = {pid for pid in tree if session_id(pid) == pid}
-    orphans = [
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if sessions
-        and entry.name.isdigit()
-        and int(entry.name) not in tree
-        and session_id(int(entry.name)) in sessions
-    ]
-    stop_trees(roots + orphans)
-    return sorted(tree | set(orphans))
