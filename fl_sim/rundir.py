@@ -54,8 +54,12 @@ ACCURACY_PLOT = "accuracy.png"
 PLOTS_DIR = "plots"
 # Originals over reconstructions (images), or heat-maps of tabular records.
 GRIDS_DIR = "grids"
-# Every intercepted update (``[audit] keep_updates``): what ``fl-sim audit`` resumes from.
+# Every intercepted update until its records are written (for good with ``[audit]
+# keep_updates``): what ``fl-sim audit`` resumes from.
 UPDATES_DIR = "updates"
+# Held (an OS file lock, released when its process ends however it ends) by the process that
+# audits the run, with that process's pid: no two audits write one run's records.
+AUDIT_LOCK = "audit.lock"
 # Job inputs on their way to the attack workers; removed once judged.
 JOBS_DIR = "jobs"
 # Without ground truth: each reconstruction (inputs, certified mask), for the user to read.

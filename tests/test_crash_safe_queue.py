@@ -4,11 +4,16 @@ what the killed one never recorded."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fl_sim.audit.auditor import Auditor
-from fl_sim.audit.log import AuditLog
+from fl_sim.audit.log import AuditBusyError, AuditLog
 from fl_sim.audit.updates import load_update
 from fl_sim.config import AuditSpec
 from fl_sim.rundir import AUDIT, UPDATES_DIR, read_jsonl
@@ -41,7 +46,9 @@ def test_queued_updates_survive_a_kill_and_are_attacked_by_the_next_audit(
     first._executor = _Killed()
     for client in (0, 1):
         first(_update(1, client))
-    # Killed here: no record, no finish(); the queued updates are what is left.
+    # Killed here: no record, no finish(); the queued updates are what is left, and the
+    # kernel lets go of the dead process's audit lock.
+    first.log.unlock()
     assert not read_jsonl(tmp_path / AUDIT)
     assert _stored(tmp_path) == ["r001-c000.npz", "r001-c001.npz"]
     log = AuditLog(tmp_path)
@@ -61,3 +68,27 @@ def test_keep_updates_keeps_them_after_their_records(tmp_path: Path) -> None:
     auditor(_update(1, 0))
     auditor.finish()
     assert len(read_jsonl(tmp_path / AUDIT)) == 1 and _stored(tmp_path) == ["r001-c000.npz"]
+
+
+_HOLD = """
+import sys, time
+from pathlib import Path
+from fl_sim.audit.log import AuditBusyError, AuditLog
+held = AuditLog(Path(sys.argv[1]), lock=True)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_audit_at_a_time_and_a_killed_ones_lock_is_free(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        busy = f"{tmp_path} is being audited by process {holder.pid}: wait for it to end"
+        with pytest.raises(AuditBusyError, match=re.escape(busy)):
+            Auditor(SPEC, _data(), tmp_path, 0)
+    finally:
+        holder.kill()  # as kill -9 would
+        holder.wait()
+    auditor = Auditor(SPEC, _data(), tmp_path, 0)
+    auditor.finish()

@@ -127,7 +127,7 @@ class Auditor:
         self.spec = spec
         self.round_epsilon = round_epsilon
         self.judge = Judge(data, draws) if data is not None else None
-        self.log = AuditLog(run_dir, behaviour, spec.grids, input_shape, normalization)
+        self.log = AuditLog(run_dir, behaviour, spec.grids, input_shape, normalization, lock=True)
         self.seed = seed
         self.done = frozenset(done)
         self.runs = audit_runs(spec)
@@ -293,9 +293,9 @@ class Auditor:
                 self._write_proxies(late)
             else:
                 self._write(late, run)
-        self.log.clear_jobs()
         if self.spec.proxies:
             self.log.write_forecast()
+        self.log.close()
 
     # -- internals -------------------------------------------------------------------------
 

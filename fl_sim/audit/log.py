@@ -10,10 +10,12 @@ record is filed. File names are :mod:`fl_sim.rundir`'s.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -102,6 +104,10 @@ def attack_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+class AuditBusyError(RuntimeError):
+    """Another live process audits the run directory."""
+
+
 class AuditLog:
     """The audit's files in one run directory.
 
@@ -117,6 +123,8 @@ class AuditLog:
         Without ground truth: one input's shape (C x H x W images get grids of their
         reconstructions) and the normalisation to undo in them (none: each image stretched
         to [0, 1]).
+    lock
+        Take the run's audit lock (:meth:`lock`) for the auditor that writes the records.
     """
 
     def __init__(
@@ -126,12 +134,48 @@ class AuditLog:
         grids: bool = True,
         input_shape: tuple[int, ...] | None = None,
         normalization: Normalization | None = None,
+        lock: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.behaviour = behaviour
         self.grids = grids
         self.input_shape = input_shape
         self.normalization = normalization
+        self._lock: IO[str] | None = None
+        if lock:
+            self.lock()
+
+    def lock(self) -> None:
+        """Take the run's audit lock for this process (see :data:`fl_sim.rundir.AUDIT_LOCK`).
+
+        Raises
+        ------
+        AuditBusyError
+            When a live process holds it, naming that process.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        held = (self.run_dir / rundir.AUDIT_LOCK).open("a+")
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.seek(0)
+            holder = held.read().strip() or "?"
+            held.close()
+            raise AuditBusyError(
+                f"{self.run_dir} is being audited by process {holder}: wait for it to end, or "
+                "stop it, before auditing the run again"
+            ) from None
+        held.seek(0)
+        held.truncate()
+        held.write(str(os.getpid()))
+        held.flush()
+        self._lock = held
+
+    def unlock(self) -> None:
+        """Let go of the run's audit lock."""
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases its lock
+            self._lock = None
 
     def done(self) -> set[tuple[int, int, str]]:
         """(round, client, run) of every record and proxy row on file: what a resumed audit
@@ -225,9 +269,10 @@ class AuditLog:
         save_row(images.numpy(), self.run_dir / rundir.GRIDS_DIR / grid)
         record["grid"] = f"{rundir.GRIDS_DIR}/{grid}"
 
-    def clear_jobs(self) -> None:
-        """Remove what is left of the jobs' arrays (the run's audit is over)."""
+    def close(self) -> None:
+        """The audit is over: remove what is left of the jobs' arrays, let go of the lock."""
         shutil.rmtree(self.run_dir / rundir.JOBS_DIR, ignore_errors=True)
+        self.unlock()
 
     def write_forecast(self) -> Path:
         """``forecast_samples.jsonl``: per sample, its proxies beside the MSE and PSNR of every

@@ -19,13 +19,14 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _main(args: argparse.Namespace) -> int:
+    from fl_sim.audit.log import AuditBusyError
     from fl_sim.audit.reaudit import reaudit
     from fl_sim.report import build_report
 
     run_dir = Path(args.run_dir)
     try:
         queued = reaudit(run_dir, redo=args.redo)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, AuditBusyError) as err:
         raise SystemExit(f"fl-sim audit: {err}") from None
     print(f"{queued} updates attacked")
     build_report(run_dir)
