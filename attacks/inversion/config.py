@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from attacks.spearpp.inputs import Device
+
 Loss = Literal["l2", "cosine"]
 
 LOSSES: tuple[str, ...] = ("l2", "cosine")
@@ -45,14 +47,7 @@ class InversionSettings(BaseModel):
     tv: Annotated[float, Field(ge=0)] = 1e-4
     signed: bool = True
     dtype: Literal["float32", "float64"] = "float32"
-    device: str = "auto"
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, device: str) -> str:
-        if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
-            raise ValueError("allowed are auto, cpu, cuda, cuda:N")
-        return device
+    device: Device = "auto"
 
 
 class InversionConfig(InversionSettings):

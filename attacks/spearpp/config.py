@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from attacks.spearpp.inputs import Device
 from flsim_plugins.settings import Settings, explain
 
 Surrogate = Literal["l1", "logcosh", "l4"]
@@ -130,7 +131,7 @@ class SpearConfig(Settings):
     deflate: bool = True
     next_layer_scale: bool = True
     search_dtype: Literal["float32", "float64"] = "float32"
-    device: str = "auto"
+    device: Device = "auto"
     max_elements: AtLeastOne = 16_000_000
     selection_sweeps: AtLeastZero = 2
     seed: int = 0
@@ -140,13 +141,6 @@ class SpearConfig(Settings):
             super().__init__(**settings)
         except ValidationError as err:
             raise ValueError(explain(err, SpearConfig, prefix="SpearConfig.", sep="=")) from None
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, device: str) -> str:
-        if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
-            raise ValueError("allowed are auto, cpu, cuda, cuda:N")
-        return device
 
     @model_validator(mode="after")
     def _lr_schedule(self) -> SpearConfig:

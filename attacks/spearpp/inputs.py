@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import torch
+from pydantic import AfterValidator
 
 from attacks.errors import AttackInputError
 
@@ -75,6 +77,16 @@ class LayerObservation:
     def input_dim(self) -> int:
         """n, the dimension of the layer's input."""
         return int(self.weight.shape[1])
+
+
+def _device_name(device: str) -> str:
+    if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise ValueError("allowed are auto, cpu, cuda, cuda:N")
+    return device
+
+
+# A device setting, checked where settings are validated (``cuda:N``: the N-th GPU).
+Device = Annotated[str, AfterValidator(_device_name)]
 
 
 def resolve_device(name: str) -> torch.device:
