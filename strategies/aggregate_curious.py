@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import numpy as np
 from flwr.common import (
     FitIns,
     FitRes,
@@ -25,6 +24,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from strategies.core import ServerCore
 from strategies.intercepted_aggregate import InterceptedAggregate
 from strategies.legacy_wrapper import LegacyWrapper
 
@@ -40,32 +40,32 @@ class AggregateCurious(LegacyWrapper):
     Parameters
     ----------
     strategy
-        The legacy strategy SecAgg+'s workflow drives (e.g. ``flwr.server.strategy.FedAvg``).
+        The legacy strategy SecAgg+'s workflow drives (e.g. ``flwr.server.strategy.FedAvg``,
+        inside :class:`strategies.LegacyTampering`).
     sink
         Receives each round's aggregate reduced to the attacked layer; it must return quickly.
         An exception in it is logged and never reaches the federation.
+    core
+        What each client was sent (:class:`strategies.core.ServerCore`).
     layer
         Positions of the attacked layer's weight and bias in the legacy parameter list.
     """
 
-    def __init__(self, strategy: Strategy, sink: AggregateSink, layer: tuple[int, int]) -> None:
+    def __init__(
+        self, strategy: Strategy, sink: AggregateSink, core: ServerCore, layer: tuple[int, int]
+    ) -> None:
         super().__init__(strategy)
         self.sink = sink
+        self.core = core
         self.layer = layer
-        self._sent: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+        self._sampled: dict[int, list[int]] = {}
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Delegate, then remember the attacked layer each client was sent (a dishonest
-        strategy inside may send each its own) and who was sampled."""
+        """Delegate, then remember who was sampled."""
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
-        w, b = self.layer
-        sent = {}
-        for proxy, fitins in instructions:
-            arrays = parameters_to_ndarrays(fitins.parameters)
-            sent[proxy.node_id] = (arrays[w], arrays[b])
-        self._sent = {server_round: sent}
+        self._sampled = {server_round: [proxy.node_id for proxy, _ in instructions]}
         return instructions
 
     def aggregate_fit(
@@ -85,48 +85,23 @@ class AggregateCurious(LegacyWrapper):
     def _intercept(
         self, server_round: int, results: list[tuple[ClientProxy, FitRes]]
     ) -> InterceptedAggregate:
-        # SecAgg+ set every result's parameters to the one unmasked average.
+        # SecAgg+ set every result's parameters to the one unmasked average, weighing each
+        # client's parameters by its num_examples.
         arrays = parameters_to_ndarrays(results[0][1].parameters)
         w, b = self.layer
-        sent = self._sent[server_round]
         summed = {proxy.node_id for proxy, _ in results}
-        # What the average would be had no client trained: the sent layers, weighted as SecAgg+
-        # weighs each client's parameters (by its num_examples).
-        weights = [(res.num_examples, sent[proxy.node_id]) for proxy, res in results]
-        total = sum(n for n, _ in weights)
-        sent_weight, sent_bias = (
-            np.sum([n * layer[i].astype(np.float64) for n, layer in weights], axis=0) / total
-            for i in (0, 1)
+        sent = self.core.summed(
+            server_round, [(proxy.node_id, float(res.num_examples)) for proxy, res in results]
         )
         return InterceptedAggregate(
             server_round=server_round,
             node_ids=tuple(proxy.node_id for proxy, _ in results),
             declared=tuple(dict(res.metrics) for _, res in results),
             num_examples=tuple(res.num_examples for _, res in results),
-            dropped=tuple(sorted(set(sent) - summed)),
-            sent_weight=sent_weight,
-            sent_bias=sent_bias,
+            dropped=tuple(sorted(set(self._sampled[server_round]) - summed)),
+            sent_weight=sent.weight,
+            sent_bias=sent.bias,
             weight=arrays[w],
             bias=arrays[b],
-            trained_at=single_trained_layer([sent[proxy.node_id] for proxy, _ in results]),
+            trained_at=sent.trained_at,
         )
-
-
-def never_fires(weight: np.ndarray, bias: np.ndarray) -> bool:
-    """Whether a ReLU layer's neurons are inactive for every input: each pre-activation is
-    then its bias, and the layer's gradient is zero for every sample."""
-    return not weight.any() and bool((bias <= 0).all())
-
-
-def single_trained_layer(
-    layers: list[tuple[np.ndarray, np.ndarray]],
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """The one layer the clients whose layer can train were sent (float64), or ``None``
-    (see :attr:`InterceptedAggregate.trained_at`)."""
-    live = [layer for layer in layers if not never_fires(*layer)]
-    if not live:
-        return None
-    weight, bias = live[0]
-    if any(not (np.array_equal(w, weight) and np.array_equal(b, bias)) for w, b in live[1:]):
-        return None
-    return weight.astype(np.float64), bias.astype(np.float64)

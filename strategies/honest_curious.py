@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from strategies.core import ServerCore
 from strategies.interception import InterceptedUpdate, declared, intercept
 from strategies.wrapper import StrategyWrapper
 
@@ -43,6 +44,10 @@ class HonestButCurious(StrategyWrapper):
     keep_whole
         Which replies to hand over whole (every array as sent and returned): those a
         whole-model attack targets. Default: none, only the layer.
+    core
+        Where the server sends each client its own layer (:class:`strategies.Tampering`,
+        inside this wrapper): each reply is set against what the core says its node was sent.
+        Default: every node was sent the arrays this wrapper passes on.
 
     Notes
     -----
@@ -59,12 +64,14 @@ class HonestButCurious(StrategyWrapper):
         layer: tuple[str, str],
         attack_round: Callable[[int], bool] = lambda r: True,
         keep_whole: KeepWhole | None = None,
+        core: ServerCore | None = None,
     ) -> None:
         self.strategy = strategy
         self.sink = sink
         self.layer = layer
         self.attack_round = attack_round
         self.keep_whole = keep_whole
+        self.core = core
         self._sent: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._sent_all: dict[int, dict[str, np.ndarray]] = {}
 
@@ -87,13 +94,13 @@ class HonestButCurious(StrategyWrapper):
         keep = []
         for msg in replies:
             whole = self.keep_whole is not None and self.keep_whole(server_round, declared(msg))
-            update = intercept(
-                msg,
-                server_round,
-                self.layer,
-                self._sent[server_round],
-                sent_all=self._sent_all.get(server_round) if whole else None,
-            )
+            sent = self._sent[server_round]
+            sent_all = self._sent_all.get(server_round) if whole else None
+            if self.core is not None:
+                sent = self.core.sent_to(server_round, int(msg.metadata.src_node_id))
+                if sent_all is not None:
+                    sent_all = {**sent_all, **dict(zip(self.layer, sent, strict=True))}
+            update = intercept(msg, server_round, self.layer, sent, sent_all=sent_all)
             if update.problem is None:
                 keep.append(msg)
             else:

@@ -4,9 +4,6 @@ honestly."""
 
 from __future__ import annotations
 
-import logging
-
-import numpy as np
 from flwr.common import (
     FitIns,
     FitRes,
@@ -20,57 +17,37 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from clients.reply import PARTITION_ID
-from strategies.behaviours import BEHAVIOURS, BehaviourSettings
+from strategies.core import ServerCore
 from strategies.legacy_wrapper import LegacyWrapper
-
-log = logging.getLogger(__name__)
 
 
 class LegacyTampering(LegacyWrapper):
     """Wrap a legacy ``flwr.server.strategy`` strategy (FedAvg, driven by Flower's
-    ``SecAggPlusWorkflow``): each client proxy's ``FitIns`` carry the first layer the behaviour
-    sends that client, each aggregate is moved back onto the honest model.
+    ``SecAggPlusWorkflow``): each client proxy's ``FitIns`` carry the first layer ``core``'s
+    behaviour sends that client, each aggregate is moved back onto the honest model.
 
     Parameters
     ----------
     strategy
         The legacy strategy; it aggregates as a weighted mean by ``num_examples``, as SecAgg+
         does.
-    settings
-        The behaviour's settings; their name picks the registered behaviour.
+    core
+        The server behaviour and what it sent (:class:`strategies.core.ServerCore`).
     layer
         Positions of the first linear layer's weight and bias in the legacy parameter list.
-    public
-        Inputs the server holds itself (N x n), for the behaviour's statistics.
-    seed
-        Seeds the behaviour's randomness, round by round (as :class:`strategies.Tampering`).
 
     Notes
     -----
-    The behaviour learns which client a node is from what the node declares in the clear with
-    each result (its partition id, in the fit metrics SecAgg+ leaves unmasked); a node not yet
-    seen is ``None`` to it. The sum SecAgg+ unmasks is the weighted mean of what each client
-    was sent plus the mean update; adding (honest - the weighted mean of what was sent) gives
-    the honest model plus the mean update.
+    The core learns which client a node is from what the node declares in the clear with each
+    result (its partition id, in the fit metrics SecAgg+ leaves unmasked). The sum SecAgg+
+    unmasks is the weighted mean of what each client was sent plus the mean update; adding
+    (honest - the weighted mean of what was sent) gives the honest model plus the mean update.
     """
 
-    def __init__(
-        self,
-        strategy: Strategy,
-        settings: BehaviourSettings,
-        layer: tuple[int, int],
-        public: np.ndarray,
-        seed: int,
-    ) -> None:
+    def __init__(self, strategy: Strategy, core: ServerCore, layer: tuple[int, int]) -> None:
         super().__init__(strategy)
-        self.settings = settings
-        self.behaviour = BEHAVIOURS[settings.behaviour]
+        self.core = core
         self.layer = layer
-        self.public = public
-        self.seed = seed
-        self.client_of: dict[int, int] = {}
-        self._honest: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._sent: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -79,18 +56,13 @@ class LegacyTampering(LegacyWrapper):
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         w, b = self.layer
         arrays = parameters_to_ndarrays(parameters)
-        clients = [self.client_of.get(proxy.node_id) for proxy, _ in instructions]
-        rng = np.random.default_rng([self.seed, server_round])
-        layers = self.behaviour.layers(
-            clients, arrays[w], arrays[b], self.public, self.settings, rng
+        self.core.send(
+            server_round, [proxy.node_id for proxy, _ in instructions], arrays[w], arrays[b]
         )
-        self._honest = {server_round: (arrays[w], arrays[b])}
-        self._sent = {server_round: {}}
         tampered = []
-        for (proxy, fitins), (weight, bias) in zip(instructions, layers, strict=True):
+        for proxy, fitins in instructions:
             sent = list(parameters_to_ndarrays(fitins.parameters))
-            sent[w], sent[b] = weight.astype(sent[w].dtype), bias.astype(sent[b].dtype)
-            self._sent[server_round][proxy.node_id] = (sent[w], sent[b])
+            sent[w], sent[b] = self.core.sent_to(server_round, proxy.node_id)
             tampered.append((proxy, FitIns(ndarrays_to_parameters(sent), fitins.config)))
         return tampered
 
@@ -103,20 +75,13 @@ class LegacyTampering(LegacyWrapper):
         """Learn who each summed node is; the wrapped aggregate moved back by (honest - the
         weighted mean of what the summed clients were sent)."""
         for proxy, res in results:
-            client = res.metrics.get(PARTITION_ID)
-            if isinstance(client, int):
-                self.client_of[proxy.node_id] = client
+            self.core.received(proxy.node_id, res.metrics.get(PARTITION_ID))
         parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
         if parameters is None or not results:
             return parameters, metrics
-        sent = self._sent[server_round]
-        total = sum(res.num_examples for _, res in results)
+        weights = [(proxy.node_id, float(res.num_examples)) for proxy, res in results]
+        shift = self.core.honest_shift(server_round, weights)
         arrays = list(parameters_to_ndarrays(parameters))
-        for i, position in enumerate(self.layer):
-            mean = sum(
-                res.num_examples * sent[proxy.node_id][i].astype(np.float64)
-                for proxy, res in results
-            )
-            shift = self._honest[server_round][i].astype(np.float64) - mean / total
-            arrays[position] = (arrays[position] + shift).astype(arrays[position].dtype)
+        for position, delta in zip(self.layer, shift, strict=True):
+            arrays[position] = (arrays[position] + delta).astype(arrays[position].dtype)
         return ndarrays_to_parameters(arrays), metrics

@@ -27,11 +27,13 @@ from torch import nn
 
 from attacks.analytic import AnalyticConfig, run_analytic
 from attacks.spearpp.inputs import observe_layer
+from clients.reply import CLIENT, PARTITION_ID
 from clients.tamper_check import check_first_layer
 from fl_sim.config import ConfigError, parse_scenario
 from fl_sim.run import run_scenario
 from strategies import Tampering
 from strategies.behaviours import BEHAVIOURS, behaviour_settings
+from strategies.core import ServerCore
 
 LAYER = ("1.weight", "1.bias")
 N_IN, WIDTH = 30, 400
@@ -110,6 +112,19 @@ def test_bad_settings_name_the_key_and_what_is_allowed() -> None:
     assert scenario.server.behaviour.model_dump() == {"behaviour": "sparsify", "share": 0.1}
 
 
+class _Grid:
+    """The one thing the wrapper asks of Flower's grid: the nodes connected."""
+
+    def __init__(self, nodes: Iterable[int] = ()) -> None:
+        self.nodes = list(nodes)
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
+NO_NODES = _Grid()
+
+
 class _Inner:
     """What the wrapper wraps: records what it was given to send, aggregates as FedAvg."""
 
@@ -127,7 +142,9 @@ class _Inner:
         return FedAvg().aggregate_train(server_round, replies)
 
 
-def _reply(node: int, arrays: dict[str, np.ndarray], examples: int) -> Message:
+def _reply(
+    node: int, arrays: dict[str, np.ndarray], examples: int, client: int | None = None
+) -> Message:
     sent = Message(RecordDict({}), dst_node_id=node, message_type=MessageType.TRAIN)
     content = RecordDict(
         {
@@ -135,6 +152,8 @@ def _reply(node: int, arrays: dict[str, np.ndarray], examples: int) -> Message:
             "metrics": MetricRecord({"num-examples": examples}),
         }
     )
+    if client is not None:  # what a client declares in the clear
+        content[CLIENT] = ConfigRecord({PARTITION_ID: client})
     return Message(content, reply_to=sent)
 
 
@@ -142,15 +161,10 @@ def test_the_wrapper_sends_the_tampered_layer_and_keeps_the_global_model_honest(
     weight, bias = _honest_layer()
     honest = {"1.weight": weight, "1.bias": bias, "3.weight": np.ones((2, WIDTH))}
     inner = _Inner()
-    wrapper = Tampering(
-        inner,  # type: ignore[arg-type]
-        behaviour_settings("trap", batch_size=10),
-        LAYER,
-        _inputs(500, 1),
-        seed=0,
-    )
+    core = ServerCore(behaviour_settings("trap", batch_size=10), _inputs(500, 1), seed=0)
+    wrapper = Tampering(inner, core, LAYER)  # type: ignore[arg-type]
     record = ArrayRecord({k: Array(v) for k, v in honest.items()})
-    wrapper.configure_train(1, record, ConfigRecord(), None)  # type: ignore[arg-type]
+    wrapper.configure_train(1, record, ConfigRecord(), NO_NODES)  # type: ignore[arg-type]
     sent = {k: inner.sent[k].numpy() for k in inner.sent}
     expected = BEHAVIOURS["trap"].first_layer(
         weight, bias, _inputs(500, 1), behaviour_settings("trap", batch_size=10),
@@ -171,6 +185,42 @@ def test_the_wrapper_sends_the_tampered_layer_and_keeps_the_global_model_honest(
     for key, value in honest.items():  # honest + the weighted mean update, as computed by hand
         mean = sum(n * u[key] for u, n in zip(updates, examples, strict=True)) / sum(examples)
         assert np.allclose(arrays[key].numpy(), value + mean, atol=1e-12)
+
+
+def test_under_the_message_api_each_node_gets_its_own_layer_and_the_model_stays_honest() -> None:
+    # isolate without SecAgg+: node 30 is client 1, the target; 10 and 20 are sent a dead layer
+    # once the server knows who they are.
+    weight, bias = _honest_layer()
+    honest = {"1.weight": weight, "1.bias": bias, "3.weight": np.ones((2, WIDTH))}
+    record = ArrayRecord({k: Array(v) for k, v in honest.items()})
+    nodes, clients, examples = (10, 20, 30), (0, 2, 1), (5, 10, 20)
+    core = ServerCore(behaviour_settings("isolate", target=1), _inputs(10, 1), seed=0)
+    wrapper = Tampering(FedAvg(min_available_nodes=3), core, LAYER)
+    rng = np.random.default_rng(3)
+    for server_round in (1, 2):
+        messages = list(wrapper.configure_train(server_round, record, ConfigRecord(), _Grid(nodes)))  # type: ignore[arg-type]
+        sent = {int(m.metadata.dst_node_id): m.content["arrays"] for m in messages}
+        assert sorted(sent) == list(nodes)
+        for node, client in zip(nodes, clients, strict=True):
+            got = sent[node]
+            assert np.array_equal(got["3.weight"].numpy(), honest["3.weight"])
+            if server_round == 1 or client == 1:  # not yet told apart, or the target
+                assert np.array_equal(got["1.weight"].numpy(), weight)
+                assert np.array_equal(got["1.bias"].numpy(), bias)
+            else:
+                assert not got["1.weight"].numpy().any() and (got["1.bias"].numpy() < 0).all()
+            assert core.sent_to(server_round, node)[0] is not None
+        updates = {n: {k: rng.standard_normal(v.shape) for k, v in honest.items()} for n in nodes}
+        replies = [
+            _reply(n, {k: sent[n][k].numpy() + updates[n][k] for k in honest}, e, c)
+            for n, c, e in zip(nodes, clients, examples, strict=True)
+        ]
+        arrays, _ = wrapper.aggregate_train(server_round, replies)
+        assert arrays is not None
+        for key, value in honest.items():  # honest + the weighted mean update, by hand
+            mean = sum(e * updates[n][key] for n, e in zip(nodes, examples, strict=True))
+            assert np.allclose(arrays[key].numpy(), value + mean / sum(examples), atol=1e-12)
+    assert core.client_of == dict(zip(nodes, clients, strict=True))
 
 
 def test_the_check_fires_on_tampered_layers_and_stays_quiet_on_honest_ones() -> None:
@@ -221,28 +271,57 @@ def test_the_analytic_attack_recovers_exactly_each_sample_a_trap_neuron_isolates
     assert float(errors.max()) < 1e-8 and bool(rec.certified.all())
 
 
-@pytest.mark.parametrize("behaviour", ["honest", "sparsify", "trap"])
-def test_a_federation_under_each_behaviour_records_it(tmp_path: Path, behaviour: str) -> None:
-    raw = {
-        "name": behaviour,
-        "rounds": 1,
-        "data": {"source": "photos", "samples_per_client": 20, "test_size": 100},
+# Two of the eight in the default run (a federation costs about half a minute): the trap's
+# recovery and per-client models under the Message API; the rest with -m slow.
+STACKS = [
+    pytest.param(
+        b,
+        s,
+        marks=() if (b, s) in {("trap", "message"), ("isolate", "message")} else pytest.mark.slow,
+    )
+    for b in ("honest", "sparsify", "trap", "isolate")
+    for s in ("message", "secagg")
+]
+
+
+@pytest.mark.parametrize(("behaviour", "stack"), STACKS)
+def test_every_behaviour_runs_under_the_message_api_and_under_secagg(
+    tmp_path: Path, behaviour: str, stack: str
+) -> None:
+    raw: dict[str, Any] = {
+        "rounds": 2,
+        "data": {"source": "photos", "samples_per_client": 10, "test_size": 40},
         "model": {"width": 100, "depth": 3},
-        "clients": {"count": 2, "batch_size": 10, "lr": 0.05},
-        "server": {"behaviour": behaviour, "trap": {"batch_size": 10}},
+        "clients": {"count": 3, "batch_size": 10, "lr": 0.05},
+        "server": {"behaviour": behaviour, "trap": {"batch_size": 10}, "isolate": {"target": 1}},
         "audit": {"attacks": ["analytic"], "grids": False},
     }
+    if stack == "secagg":
+        raw["federation"] = {"secagg": {"max_weight": 10.0, "quantization_range": 2**26}}
     run_dir = run_scenario(parse_scenario(raw), raw, tmp_path / "run")
-    rows = [json.loads(x) for x in (run_dir / "clients.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all(r["tamper_flagged"] == (behaviour != "honest") for r in rows)
-    records = [json.loads(x) for x in (run_dir / "audit.jsonl").read_text().splitlines()]
-    assert len(records) == 2
-    assert all(r["server_behaviour"] == behaviour and r["attack"] == "analytic" for r in records)
-    assert all(r["tamper_flagged"] == (behaviour != "honest") for r in records)
     rounds = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["server_behaviour"] for r in rounds] == [behaviour, behaviour]
-    flagged = 0 if behaviour == "honest" else 2
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert {r["server_behaviour"] for r in rounds} == {behaviour}
+    assert all(np.isfinite(r["test_accuracy"]) for r in rounds)
+    clients = {
+        (c["round"], c["client"]): c
+        for c in map(json.loads, (run_dir / "clients.jsonl").read_text().splitlines())
+    }
+    assert sorted(clients) == [(r, c) for r in (1, 2) for c in range(3)]
+    for (r, c), row in clients.items():
+        # isolate: every node honest until the server knows who is who, then only the target.
+        tampered = behaviour in ("sparsify", "trap") or (
+            behaviour == "isolate" and r == 2 and c != 1
+        )
+        assert row["tamper_flagged"] == tampered, (r, c, row)
+    records = [json.loads(x) for x in (run_dir / "audit.jsonl").read_text().splitlines()]
+    assert {r["server_behaviour"] for r in records} == {behaviour}
+    assert all(r["attack"] == "analytic" for r in records)
+    mine = {(r["round"], r["client"]): r for r in records if r["client"] >= 0}
+    assert sorted(mine) == sorted(clients)
+    assert all(r["tamper_flagged"] == clients[k]["tamper_flagged"] for k, r in mine.items())
+    flagged = sum(c["tamper_flagged"] for c in clients.values())
     line = f"Server behaviour: {behaviour}; the clients' check flagged the model it sent in"
-    assert f"{line} {flagged} of 2 replies" in (run_dir / "report.html").read_text()
-    if behaviour == "trap":  # a trap at B = 10 on m = 100 isolates some samples exactly
-        assert max(r["share_exact"] for r in records) > 0
+    assert f"{line} {flagged} of 6 replies" in (run_dir / "report.html").read_text()
+    if behaviour == "trap" and stack == "message":  # a trap at B = 10 on m = 100 isolates
+        assert max(r["share_exact"] for r in records) > 0  # some samples exactly

@@ -52,3 +52,11 @@ def test_an_attack_that_imports_the_clients_breaks_it(tmp_path: Path) -> None:
     result = _lint(tree)
     assert result.returncode != 0
     assert "attacks.peek -> clients" in result.stdout
+
+
+def test_a_server_core_that_imports_flower_breaks_it(tmp_path: Path) -> None:
+    tree = _copy(tmp_path)
+    (tree / "strategies" / "core" / "grid.py").write_text("import flwr.serverapp\n")
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert "strategies.core.grid -> flwr" in result.stdout

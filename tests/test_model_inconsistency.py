@@ -31,9 +31,9 @@ from clients.tamper_check import ACTIVE, DEAD, check_first_layer
 from fl_sim.config import ConfigError, parse_scenario
 from fl_sim.run import run_scenario
 from strategies import AggregateCurious, InterceptedAggregate, LegacyTampering
-from strategies.aggregate_curious import never_fires, single_trained_layer
 from strategies.behaviours import BEHAVIOURS, behaviour_settings
 from strategies.behaviours.isolate import DEAD_BIAS
+from strategies.core import ServerCore, never_fires, single_trained_layer
 
 N_IN, WIDTH, CLASSES = 12, 40, 3
 LR = 0.5
@@ -99,10 +99,13 @@ def test_isolate_sends_the_target_the_honest_layer_and_the_others_one_whose_upda
             assert not first.weight.grad.any() and not first.bias.grad.any()
 
 
-def test_isolate_is_refused_without_secagg_and_for_a_target_outside_the_clients() -> None:
+def test_isolate_is_refused_with_central_dp_and_for_a_target_outside_the_clients() -> None:
     isolate = {"behaviour": "isolate", "isolate": {"target": 3}}
-    with pytest.raises(ConfigError, match=r"'isolate' needs \[federation\.secagg\]"):
-        parse_scenario({"clients": {"count": 4}, "server": isolate})
+    with pytest.raises(ConfigError, match=r"'isolate' with \[federation\.central_dp\]: it sends"):
+        parse_scenario(
+            {"clients": {"count": 4}, "server": isolate, "federation": {"central_dp": {}}}
+        )
+    assert parse_scenario({"clients": {"count": 4}, "server": isolate}).federation.secagg is None
     with pytest.raises(ConfigError, match=r"server\.isolate\.target = 3: the clients are 0\.\.2"):
         parse_scenario({"clients": {"count": 3}, "server": isolate, "federation": {"secagg": {}}})
     with pytest.raises(ConfigError, match=r"server\.isolate\.target = -1: must be >= 0"):
@@ -169,11 +172,9 @@ def test_the_legacy_wrapper_sends_each_proxy_its_model_and_the_sum_is_the_target
     fedavg = FedAvg(
         fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=4, min_available_clients=4
     )
-    tampering = LegacyTampering(
-        fedavg, behaviour_settings("isolate", target=TARGET), (0, 1), np.zeros((1, N_IN)), 0
-    )
+    core = ServerCore(behaviour_settings("isolate", target=TARGET), np.zeros((1, N_IN)), 0)
     seen: list[InterceptedAggregate] = []
-    strategy = AggregateCurious(tampering, seen.append, (0, 1))
+    strategy = AggregateCurious(LegacyTampering(fedavg, core, (0, 1)), seen.append, core, (0, 1))
     honest = _params(_net())
     total = sum(EXAMPLES)
     for server_round in (1, 2):
@@ -209,7 +210,7 @@ def test_the_legacy_wrapper_sends_each_proxy_its_model_and_the_sum_is_the_target
                 (aggregate.sent_bias - aggregate.bias) / LR, share * grads[TARGET][1], atol=1e-12
             )
         honest = parameters_to_ndarrays(parameters)
-    assert tampering.client_of == {node: i for i, node in enumerate(NODES)}
+    assert core.client_of == {node: i for i, node in enumerate(NODES)}
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from fl_sim.config import ConfigError, parse_scenario
 from strategies import Tampering
 from strategies.behaviours import BEHAVIOURS, behaviour_settings
-from tests.test_behaviours import LAYER, _honest_layer, _Inner, _inputs
+from strategies.core import ServerCore
+from tests.test_behaviours import LAYER, NO_NODES, _honest_layer, _Inner, _inputs
 
 TOY = "tests.toys.toy_behaviour"
 
@@ -38,16 +39,11 @@ def test_its_table_is_read_and_checked_from_the_config() -> None:
 def test_the_wrapper_sends_its_layer() -> None:
     weight, bias = _honest_layer()
     inner = _Inner()
-    wrapper = Tampering(
-        inner,  # type: ignore[arg-type]
-        behaviour_settings("toy", factor=3.0),
-        LAYER,
-        _inputs(50, 1),
-        seed=0,
-    )
+    core = ServerCore(behaviour_settings("toy", factor=3.0), _inputs(50, 1), seed=0)
+    wrapper = Tampering(inner, core, LAYER)  # type: ignore[arg-type]
     honest = {LAYER[0]: weight, LAYER[1]: bias}
     wrapper.configure_train(
-        1, ArrayRecord({k: Array(v) for k, v in honest.items()}), ConfigRecord(), None
+        1, ArrayRecord({k: Array(v) for k, v in honest.items()}), ConfigRecord(), NO_NODES
     )  # type: ignore[arg-type]
     assert np.array_equal(inner.sent[LAYER[0]].numpy(), 3.0 * weight)
     assert np.array_equal(inner.sent[LAYER[1]].numpy(), 3.0 * bias)

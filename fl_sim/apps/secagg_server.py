@@ -31,6 +31,7 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import Scenario
 from strategies import AggregateCurious, InterceptedAggregate, LeftOut, LegacyTampering
+from strategies.core import ServerCore
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,11 @@ def federate_secagg(
     start: ArrayRecord,
     layer: tuple[str, str],
     left_out: Callable[[LeftOut], None],
+    core: ServerCore,
 ) -> ArrayRecord:
     """Every round of ``scenario`` under SecAgg+ from the global model ``start``, the sum
-    attacked at ``layer`` (its weight and bias keys) when there is an ``auditor``; returns the
-    final global model."""
+    attacked at ``layer`` (its weight and bias keys) when there is an ``auditor``, each client
+    sent what ``core`` gives it; returns the final global model."""
     spec = scenario.federation.secagg
     if spec is None:
         raise ValueError("the scenario has no [federation.secagg]")
@@ -135,10 +137,7 @@ def federate_secagg(
             auditor.queue_aggregate(aggregate, spec)
 
     positions = (keys.index(layer[0]), keys.index(layer[1]))
-    tampering = LegacyTampering(
-        fedavg, scenario.server.behaviour, positions, recorder.public_inputs(), scenario.seed
-    )
-    strategy = AggregateCurious(tampering, sink, positions)
+    strategy = AggregateCurious(LegacyTampering(fedavg, core, positions), sink, core, positions)
     legacy = LegacyContext(
         context, config=ServerConfig(num_rounds=scenario.rounds), strategy=strategy
     )

@@ -2,10 +2,12 @@
 (under a federation-wide defence: inside Flower's central DP wrapper, or behind SecAgg+, see
 :mod:`fl_sim.apps.secagg_server`).
 
-What the clients are sent is the scenario's server behaviour's (:class:`strategies.Tampering`):
-the global model itself (``honest``), or one with a first layer shaped to leak more; the global
-model is aggregated honestly either way, and the audit attacks each update against what was
-sent.
+What the clients are sent is the scenario's server behaviour's (a
+:class:`strategies.core.ServerCore`, which :class:`strategies.Tampering` applies here and
+:class:`strategies.LegacyTampering` under SecAgg+): the global model itself (``honest``), or one
+with a first layer shaped to leak more, one per client where the behaviour sends several; the
+global model is aggregated honestly either way, and the audit attacks each update against what
+its client was sent.
 
 Every reply is screened first (:class:`strategies.FaultTolerant`): a client that failed or sent
 what cannot be aggregated is recorded, in ``clients.jsonl`` and the audit, and left out, and
@@ -41,6 +43,7 @@ from strategies import (
     Tampering,
     UpdateSink,
 )
+from strategies.core import ServerCore
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,8 @@ def _federate(
     strategy: Strategy = build_strategy(scenario, recorder)
     described = recorder.data.description
     layer = scenario.model.attacked_layer(described)
+    core = ServerCore(scenario.server.behaviour, recorder.public_inputs(), scenario.seed)
+    strategy = Tampering(strategy, core, layer)
     auditor = None
     if scenario.audit.enabled:
         auditor = Auditor(
@@ -126,15 +131,8 @@ def _federate(
             behaviour=scenario.server.behaviour.behaviour,
         )
         strategy = HonestButCurious(
-            strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole
+            strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core
         )
-    strategy = Tampering(
-        strategy,
-        scenario.server.behaviour,
-        layer,
-        recorder.public_inputs(),
-        scenario.seed,
-    )
 
     def left_out(fault: LeftOut) -> None:
         recorder.left_out(fault)
@@ -145,7 +143,7 @@ def _federate(
         start = initial_arrays(scenario, described)
         if scenario.federation.secagg is not None:
             final = federate_secagg(
-                grid, context, scenario, recorder, auditor, start, layer, left_out
+                grid, context, scenario, recorder, auditor, start, layer, left_out, core
             )
         else:
             result = FaultTolerant(strategy, left_out).start(

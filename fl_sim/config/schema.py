@@ -248,7 +248,13 @@ class Scenario(Settings):
                 )
         server = self.server.behaviour
         behaviour = BEHAVIOURS[server.behaviour]
-        refusal = behaviour.refuses(server, len(self.clients), secagg is not None)
+        refusal = behaviour.refuses(server, len(self.clients))
         if refusal is not None:
             raise ValueError(refusal)
+        if behaviour.per_client and self.federation.central_dp is not None:
+            raise ValueError(
+                f"server.behaviour = {behaviour.name!r} with [federation.central_dp]: it sends "
+                "clients different models, and Flower's central DP wrappers clip every update "
+                "against one; drop one of them"
+            )
         return self

@@ -15,11 +15,11 @@ A behaviour sends one model to every client unless it overrides :meth:`ServerBeh
 which gives the layer for each client: model inconsistency under secure aggregation
 (``isolate``: the target client gets the honest model, every other client one whose first layer
 never fires, so their first-layer updates are zero and the sum SecAgg+ hands the server is the
-target's alone). Per-client models are sent where the messages are made: under Flower's SecAgg+
-(the legacy ``SecAggPlusWorkflow`` inside ``DefaultWorkflow``), by the legacy strategy's
-``configure_fit``, whose ``FitIns`` are per client proxy (:class:`strategies.LegacyTampering`).
-A behaviour that only makes sense in some scenarios says why in :meth:`ServerBehaviour.refuses`,
-which the scenario's validation asks.
+target's alone). Per-client models are sent where the messages are made, under either of
+Flower's server APIs (:class:`strategies.core.ServerCore` asks the behaviour; the Message API's
+:class:`strategies.Tampering` and, under SecAgg+, the legacy :class:`strategies.LegacyTampering`
+carry its layers). A behaviour that only makes sense in some scenarios says why in
+:meth:`ServerBehaviour.refuses`, which the scenario's validation asks.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ class ServerBehaviour(ABC):
     # In words, for the docs and the report.
     sends: ClassVar[str]
     recovers: ClassVar[str]
+    # Whether it sends clients different layers (overrides :meth:`layers`): Flower's central
+    # DP wrappers clip every update against one model, so such a behaviour runs without them.
+    per_client: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -103,10 +106,9 @@ class ServerBehaviour(ABC):
         layer = self.first_layer(weight, bias, public, settings, rng)
         return [layer] * len(clients)
 
-    def refuses(self, settings: Any, clients: int, secure_aggregation: bool) -> str | None:
-        """Why the behaviour cannot run with ``settings`` in a scenario of ``clients``
-        clients, with or without secure aggregation (naming the key at fault); ``None`` when
-        it can, as by default."""
+    def refuses(self, settings: Any, clients: int) -> str | None:
+        """Why the behaviour cannot run with ``settings`` in a scenario of ``clients`` clients
+        (naming the key at fault); ``None`` when it can, as by default."""
         return None
 
 

@@ -12,7 +12,9 @@ SPEAR++ recovers its batch as if there were no secure aggregation.
 
 The server tells the target's node by what every client declares in the clear, beside its
 masked vector (its partition id, in its fit metrics): until it has seen it, after the first
-round, it sends every node the honest model.
+round, it sends every node the honest model. Without secure aggregation the server sees every
+update anyway; there the behaviour only silences the other clients' first layers, at their
+training's cost.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Isolate(ServerBehaviour):
         "fires (zero weights, bias -1), whose update of it is zero"
     )
     recovers = "the target client's batch from the SecAgg+ sum's first layer, by SPEAR++"
+    per_client = True
 
     def first_layer(
         self,
@@ -75,14 +78,8 @@ class Isolate(ServerBehaviour):
         honest = self.first_layer(weight, bias, public, settings, rng)
         return [honest if c is None or c == settings.target else dead for c in clients]
 
-    def refuses(self, settings: Any, clients: int, secure_aggregation: bool) -> str | None:
-        """Refused without SecAgg+ (the server sees every update then: nothing to isolate)
-        and for a target outside the clients."""
-        if not secure_aggregation:
-            return (
-                f"server.behaviour = {self.name!r} needs [federation.secagg]: without secure "
-                "aggregation the server sees each client's update already"
-            )
+    def refuses(self, settings: Any, clients: int) -> str | None:
+        """Refused for a target outside the clients."""
         if settings.target >= clients:
             return (
                 f"server.{self.name}.target = {settings.target}: the clients are 0..{clients - 1}"
