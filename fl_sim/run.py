@@ -2,7 +2,7 @@
 
 The federation runs on ``flwr run`` with the simulation runtime
 (:mod:`fl_sim.apps.flwr_simulation`) unless the scenario needs Flower's deprecated
-``run_simulation`` (:mod:`fl_sim.apps.legacy_simulation`: SecAgg+, central DP, a Ray cluster);
+``run_simulation`` (:mod:`fl_sim.apps.in_process`: SecAgg+, central DP, a Ray cluster);
 :func:`~fl_sim.apps.flwr_simulation.choose_runtime` decides, or the caller forces one.
 
 However the run ends (every round done, Ctrl-C, an error) the directory gets its plots and
@@ -27,8 +27,8 @@ from fl_sim.apps.flwr_simulation import (
     choose_runtime,
     legacy_reasons,
 )
+from fl_sim.apps.in_process import simulate
 from fl_sim.apps.interruption import Interruption
-from fl_sim.apps.legacy_simulation import simulate
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data

@@ -21,7 +21,7 @@ DATE_FORMAT = "%H:%M:%S"
 KNOWN_NOTICES = (
     # fl-sim evaluates the global model on the server (RunRecorder.evaluate), not on the clients.
     "fraction_evaluate is set to 0.0",
-    # fl-sim run's legacy runtime, kept in fl_sim.apps.legacy_simulation: see docs/deployment.md
+    # fl-sim run's legacy runtime, kept in fl_sim.apps.in_process: see docs/deployment.md
     # ("fl-sim run on flwr run").
     "DEPRECATED FEATURE: The `run_simulation` function is deprecated",
 )

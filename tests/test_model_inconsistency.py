@@ -30,10 +30,11 @@ from torch import nn
 from clients.tamper_check import ACTIVE, DEAD, check_first_layer
 from fl_sim.config import ConfigError, parse_scenario
 from fl_sim.run import run_scenario
-from strategies import AggregateCurious, InterceptedAggregate, LegacyTampering
+from strategies import InterceptedAggregate
 from strategies.behaviours import BEHAVIOURS, behaviour_settings
 from strategies.behaviours.isolate import DEAD_BIAS
 from strategies.core import ServerCore, never_fires, single_trained_layer
+from strategies.legacy import AggregateCurious, LegacyTampering
 
 N_IN, WIDTH, CLASSES = 12, 40, 3
 LR = 0.5

@@ -61,10 +61,10 @@ from clients.reply import (
 )
 from clients.tamper_check import check_first_layer
 from clients.training import DIVERGENCE_FACTOR
-from fl_sim.apps.legacy_fit import legacy_fit_mod
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import FederatedData, federated_data
 from fl_sim.model import first_linear
+from strategies.legacy import legacy_fit_mod
 
 log = logging.getLogger(__name__)
 

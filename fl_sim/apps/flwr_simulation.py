@@ -21,7 +21,7 @@ outlives ``flwr run``: it is found by its private ``FLWR_HOME`` in its command l
 with every process it started, also those Ray left behind in its sessions, and nothing else.
 
 Scenarios fl-sim does not run on this runtime (:func:`legacy_reasons`) stay on
-:mod:`fl_sim.apps.legacy_simulation`; :func:`choose_runtime` decides.
+:mod:`fl_sim.apps.in_process`; :func:`choose_runtime` decides.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from fl_sim.progress import RunProgress
 log = logging.getLogger(__name__)
 
 # The runtimes ``fl-sim run --runtime`` offers: Flower's ``flwr run`` with the simulation
-# runtime, and the deprecated in-process ``run_simulation`` (fl_sim.apps.legacy_simulation).
+# runtime, and the deprecated in-process ``run_simulation`` (fl_sim.apps.in_process).
 FLWR = "flwr"
 LEGACY = "legacy"
 AUTO = "auto"

@@ -2,14 +2,16 @@
 ``SecAggPlusWorkflow`` as its fit workflow, driving a legacy FedAvg that only ever receives the
 unmasked, quantised sum of the cohort's replies.
 
-The honest-but-curious server (:class:`strategies.AggregateCurious`, around that FedAvg) hands
-each round's sum to the auditor, which attacks it as one batch of every summed client's samples.
-What each client is sent is the scenario's server behaviour's (:class:`strategies.LegacyTampering`,
-between the two): the global model, or a tampered one, one per client where the behaviour
-sends several (``isolate``); the global model is aggregated honestly either way.
+The honest-but-curious server (:class:`strategies.legacy.AggregateCurious`, around that FedAvg)
+hands each round's sum to the auditor, which attacks it as one batch of every summed client's
+samples. What each client is sent is the scenario's server behaviour's
+(:class:`strategies.legacy.LegacyTampering`, between the two): the global model, or a tampered
+one, one per client where the behaviour sends several (``isolate``); the global model is
+aggregated honestly either way.
 A client whose round fails drops out of SecAgg+ (its ClientApp errs, see
-:mod:`fl_sim.apps.legacy_fit`): while enough of its neighbours remain (``reconstruction_threshold``)
-the round completes without it, and it is recorded as ``dropped``.
+:mod:`strategies.legacy.fit_mod`): while enough of its neighbours remain
+(``reconstruction_threshold``) the round completes without it, and it is recorded as
+``dropped``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from fl_sim.apps.recorder import RunRecorder
 from fl_sim.audit.auditor import Auditor
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import Scenario
-from strategies import AggregateCurious, InterceptedAggregate, LeftOut, LegacyTampering
+from strategies import InterceptedAggregate, LeftOut
 from strategies.core import ServerCore
+from strategies.legacy import AggregateCurious, LegacyTampering
 
 log = logging.getLogger(__name__)
 

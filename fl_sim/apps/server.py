@@ -4,10 +4,10 @@
 
 What the clients are sent is the scenario's server behaviour's (a
 :class:`strategies.core.ServerCore`, which :class:`strategies.Tampering` applies here and
-:class:`strategies.LegacyTampering` under SecAgg+): the global model itself (``honest``), or one
-with a first layer shaped to leak more, one per client where the behaviour sends several; the
-global model is aggregated honestly either way, and the audit attacks each update against what
-its client was sent.
+:class:`strategies.legacy.LegacyTampering` under SecAgg+): the global model itself (``honest``),
+or one with a first layer shaped to leak more, one per client where the behaviour sends several;
+the global model is aggregated honestly either way, and the audit attacks each update against
+what its client was sent.
 
 Every reply is screened first (:class:`strategies.FaultTolerant`): a client that failed or sent
 what cannot be aggregated is recorded, in ``clients.jsonl`` and the audit, and left out, and

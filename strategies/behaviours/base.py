@@ -17,9 +17,10 @@ which gives the layer for each client: model inconsistency under secure aggregat
 never fires, so their first-layer updates are zero and the sum SecAgg+ hands the server is the
 target's alone). Per-client models are sent where the messages are made, under either of
 Flower's server APIs (:class:`strategies.core.ServerCore` asks the behaviour; the Message API's
-:class:`strategies.Tampering` and, under SecAgg+, the legacy :class:`strategies.LegacyTampering`
-carry its layers). A behaviour that only makes sense in some scenarios says why in
-:meth:`ServerBehaviour.refuses`, which the scenario's validation asks.
+:class:`strategies.Tampering` and, under SecAgg+, the legacy
+:class:`strategies.legacy.LegacyTampering` carry its layers). A behaviour that only makes sense
+in some scenarios says why in :meth:`ServerBehaviour.refuses`, which the scenario's validation
+asks.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 taken at, how the global model is kept honest. Flower's two server APIs (the Message API's
 strategies, the legacy one SecAgg+ drives) are thin adapters over it."""
 
+from strategies.core.aggregate import InterceptedAggregate
 from strategies.core.server import (
     SentSum,
     ServerCore,
@@ -10,4 +11,11 @@ from strategies.core.server import (
     single_trained_layer,
 )
 
-__all__ = ["SentSum", "ServerCore", "never_fires", "same_layer", "single_trained_layer"]
+__all__ = [
+    "InterceptedAggregate",
+    "SentSum",
+    "ServerCore",
+    "never_fires",
+    "same_layer",
+    "single_trained_layer",
+]

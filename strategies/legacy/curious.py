@@ -5,7 +5,7 @@ strategy's ``aggregate_fit`` as every client's ``FitRes.parameters`` (the same w
 in each): that call is the one place the server holds anything of the clients' updates. What
 it is set against is what each summed client was sent, weighted as in the sum: one model for
 all from an honest server, one per client from a dishonest one
-(:class:`strategies.LegacyTampering`, inside this wrapper).
+(:class:`strategies.legacy.LegacyTampering`, inside this wrapper).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from strategies.core import ServerCore
-from strategies.intercepted_aggregate import InterceptedAggregate
-from strategies.legacy_wrapper import LegacyWrapper
+from strategies.core.aggregate import InterceptedAggregate
+from strategies.legacy.wrapper import LegacyWrapper
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class AggregateCurious(LegacyWrapper):
     ----------
     strategy
         The legacy strategy SecAgg+'s workflow drives (e.g. ``flwr.server.strategy.FedAvg``,
-        inside :class:`strategies.LegacyTampering`).
+        inside :class:`strategies.legacy.LegacyTampering`).
     sink
         Receives each round's aggregate reduced to the attacked layer; it must return quickly.
         An exception in it is logged and never reaches the federation.

@@ -18,7 +18,7 @@ from flwr.server.strategy import Strategy
 
 from clients.reply import PARTITION_ID
 from strategies.core import ServerCore
-from strategies.legacy_wrapper import LegacyWrapper
+from strategies.legacy.wrapper import LegacyWrapper
 
 
 class LegacyTampering(LegacyWrapper):
