@@ -15,6 +15,7 @@ from fl_sim.cli import (
     bench_attack,
     bench_lavp,
     bench_reach,
+    bench_results,
     bench_sweep,
     report,
     run,
@@ -32,6 +33,7 @@ BENCH_COMMANDS = (
     scale,
     secagg,
     certificates,
+    bench_results,
 )
 
 

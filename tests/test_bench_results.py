@@ -1,0 +1,75 @@
+"""The results table: one folder of bench/results/ per row of bench/targets.toml, and
+docs/results.md exactly what `fl-sim bench results` writes from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fl_sim.bench.results import load_targets, render, stale_folders
+from fl_sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ROOT / "bench" / "targets.toml"
+RESULTS = ROOT / "bench" / "results"
+
+
+def test_every_row_has_its_folder_and_every_folder_its_row() -> None:
+    targets = load_targets(TARGETS)
+    assert [t.name for t in targets if not (RESULTS / t.name).is_dir()] == []
+    assert stale_folders(targets, RESULTS) == []
+
+
+def test_the_committed_table_is_the_one_generated_from_the_folders() -> None:
+    assert (ROOT / "docs" / "results.md").read_text() == render(load_targets(TARGETS), RESULTS)
+
+
+def test_the_command_writes_the_table(tmp_path: Path) -> None:
+    out = tmp_path / "results.md"
+    argv = ["bench", "results", "--targets", str(TARGETS), "--results", str(RESULTS)]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert out.read_text() == (ROOT / "docs" / "results.md").read_text()
+    with pytest.raises(SystemExit, match="--run nope: no such row; rows: certificates, "):
+        main([*argv, "--out", str(out), "--run", "nope"])
+
+
+def test_bad_rows_are_refused_naming_the_key_and_what_is_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "targets.toml"
+    path.write_text('[[row]]\nname = "a"\nkind = "table"\nwhat = "x"\n')
+    with pytest.raises(ValueError, match=r"row\.0\.kind = 'table': allowed are attack, "):
+        load_targets(path)
+    path.write_text('[[row]]\nname = "a"\nkind = "folder"\nwhat = "x"\n' * 2)
+    with pytest.raises(ValueError, match="row names used twice: a"):
+        load_targets(path)
+    path.write_text('[[row]]\nname = "a"\nkind = "folder"\nwhat = "x"\nseeds = 3\n')
+    with pytest.raises(ValueError, match=r"unknown key 'row\.0\.seeds'"):
+        load_targets(path)
+
+
+def _row(case: str, seed: int, dtype: str, under_100: int, under_40: int) -> dict[str, Any]:
+    return {
+        "case": case, "seed": seed, "samples": 10, "share_exact": 0.5, "share_near_exact": 1.0,
+        "seconds": 2.0, "dtype": dtype, "arrays": "tensors", "noise_std": 0.0,
+        "certified_not_exact": under_100, "certified_not_near_exact": under_40,
+        "attack": {"certified": 10},
+    }  # fmt: skip
+
+
+def test_a_certificate_is_wrong_under_100_db_in_float64_and_under_40_in_float32(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "results" / "row"
+    folder.mkdir(parents=True)
+    meta = {"meta": {"hardware": {"processor": "x86_64", "cpu_threads": 2, "torch": "2"}}}
+    (folder / "summary.json").write_text(json.dumps(meta))
+    rows = [_row("f64 B=10", 0, "float64", 3, 0), _row("f32 B=10", 0, "float32", 4, 1)]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    targets = tmp_path / "targets.toml"
+    targets.write_text('[[row]]\nname = "row"\nkind = "attack"\nwhat = "w"\nargs = ["bench"]\n')
+    text = render(load_targets(targets), tmp_path / "results")
+    assert "| row | w | 50.0% | 100.0% | 100.0% | 4 |" in text  # 3 in float64 + 1 in float32
+    assert "| f64 B=10 | 1 | 50.0% | 100.0% | 100.0% | 3 | 2.0 |" in text
+    assert "| f32 B=10 | 1 | 50.0% | 100.0% | 100.0% | 1 | 2.0 |" in text
