@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.audit.job import AttackJob
 from fl_sim.audit.log import METRIC_KEYS
 from fl_sim.audit.reaudit import reaudit
@@ -129,17 +130,19 @@ def _data() -> Any:
 
 
 def test_refused_crashed_and_unfinished_attacks_are_recorded(tmp_path: Path) -> None:
-    auditor = _BrokenJobs(AuditSpec(wait_s=30), _data(), tmp_path, 0)
+    auditor = _BrokenJobs(AuditContext(AuditSpec(wait_s=30), tmp_path, 0, _data()))
     auditor(_update(1, 0))  # crashes in the worker
     bad = replace(_update(1, 1), problem="reply lacks arrays ['1.weight']")
     auditor(bad)  # rejected at once, never attacked
     assert any(r["status"] == "rejected" for r in _records(tmp_path))  # written before finish()
     auditor.finish()
     slow = Auditor(
-        AuditSpec(wait_s=0.01, spearpp={"starts": 5000, "steps": 5000, "max_passes": 8}),
-        _data(),
-        tmp_path,
-        0,
+        AuditContext(
+            AuditSpec(wait_s=0.01, spearpp={"starts": 5000, "steps": 5000, "max_passes": 8}),
+            tmp_path,
+            0,
+            _data(),
+        )
     )
     started = time.monotonic()
     slow(_update(2, 0, m=400))  # a full-rank 400 x 3072 update: refused quickly, or slow
@@ -185,7 +188,7 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
 
 def test_left_out_replies_and_interrupted_attacks_are_recorded(tmp_path: Path) -> None:
     spec = AuditSpec(wait_s=600, spearpp={"starts": 5000, "steps": 5000, "max_passes": 8})
-    auditor = Auditor(spec, _data(), tmp_path, 0)
+    auditor = Auditor(AuditContext(spec, tmp_path, 0, _data()))
     declared = {"partition-id": 3, "defence": "dp", "epsilon": 1.5, "status": "diverged"}
     auditor.left_out(
         LeftOut(2, 103, 3, "diverged", "training loss is nan", declared, {"sample-ids": [4, 5]})
@@ -216,7 +219,9 @@ def test_noise_not_told_reaches_the_attack_as_nothing(tmp_path: Path) -> None:
     )
     views = {}
     for knows in (True, False):
-        auditor = Auditor(AuditSpec(knows_noise=knows), _data(), tmp_path / str(knows), 0)
+        auditor = Auditor(
+            AuditContext(AuditSpec(knows_noise=knows), tmp_path / str(knows), 0, _data())
+        )
         base = auditor._base(dp)
         job, knowledge = auditor._job(dp, base, auditor.runs_for(1, 0)[0])
         views[knows] = (job.view.noise_std, knowledge["noise"])

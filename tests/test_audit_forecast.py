@@ -13,6 +13,7 @@ import torch
 
 from fl_sim import rundir
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.audit.updates import load_update, save_update
 from fl_sim.config import AuditSpec, parse_scenario
 from fl_sim.data.federated import federated_data
@@ -72,7 +73,7 @@ def test_inversion_and_proxies_are_recorded_per_sample(tmp_path: Path) -> None:
         wait_s=120,
         knows_batch_size=True,
     )
-    auditor = Auditor(spec, data, tmp_path, 0, architecture=net, layer=LAYER)
+    auditor = Auditor(AuditContext(spec, tmp_path, 0, data, architecture=net, layer=LAYER))
     assert auditor.keeps_whole(1, {"partition-id": 2}) and not auditor.keeps_whole(2, {})
     for client in (0, 1):
         assert auditor.queue(_update(data, net, client)) == 3  # 2 attack runs + proxies

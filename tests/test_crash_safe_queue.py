@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.audit.log import AuditBusyError, AuditLog
 from fl_sim.audit.updates import load_update
 from fl_sim.config import AuditSpec
@@ -42,7 +43,7 @@ def _stored(run_dir: Path) -> list[str]:
 def test_queued_updates_survive_a_kill_and_are_attacked_by_the_next_audit(
     tmp_path: Path,
 ) -> None:
-    first = Auditor(SPEC, _data(), tmp_path, 0)
+    first = Auditor(AuditContext(SPEC, tmp_path, 0, _data()))
     first._executor = _Killed()
     for client in (0, 1):
         first(_update(1, client))
@@ -52,7 +53,7 @@ def test_queued_updates_survive_a_kill_and_are_attacked_by_the_next_audit(
     assert not read_jsonl(tmp_path / AUDIT)
     assert _stored(tmp_path) == ["r001-c000.npz", "r001-c001.npz"]
     log = AuditLog(tmp_path)
-    resumed = Auditor(SPEC, _data(), tmp_path, 0, done=log.done())
+    resumed = Auditor(AuditContext(SPEC, tmp_path, 0, _data()).resumed(log.done()))
     for path in log.stored_updates():
         assert resumed.queue(load_update(path)) == 1
     resumed.finish()
@@ -64,7 +65,9 @@ def test_queued_updates_survive_a_kill_and_are_attacked_by_the_next_audit(
 
 
 def test_keep_updates_keeps_them_after_their_records(tmp_path: Path) -> None:
-    auditor = Auditor(SPEC.model_copy(update={"keep_updates": True}), _data(), tmp_path, 0)
+    auditor = Auditor(
+        AuditContext(SPEC.model_copy(update={"keep_updates": True}), tmp_path, 0, _data())
+    )
     auditor(_update(1, 0))
     auditor.finish()
     assert len(read_jsonl(tmp_path / AUDIT)) == 1 and _stored(tmp_path) == ["r001-c000.npz"]
@@ -86,9 +89,9 @@ def test_one_audit_at_a_time_and_a_killed_ones_lock_is_free(tmp_path: Path) -> N
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
         busy = f"{tmp_path} is being audited by process {holder.pid}: wait for it to end"
         with pytest.raises(AuditBusyError, match=re.escape(busy)):
-            Auditor(SPEC, _data(), tmp_path, 0)
+            Auditor(AuditContext(SPEC, tmp_path, 0, _data()))
     finally:
         holder.kill()  # as kill -9 would
         holder.wait()
-    auditor = Auditor(SPEC, _data(), tmp_path, 0)
+    auditor = Auditor(AuditContext(SPEC, tmp_path, 0, _data()))
     auditor.finish()

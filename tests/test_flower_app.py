@@ -19,6 +19,7 @@ from torch import nn
 from fl_sim.apps.flwr_simulation import free_port
 from fl_sim.audit.audited import AuditedStrategy, AuditError, find_layer
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.cli import main
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.normalize import Normalization
@@ -89,13 +90,14 @@ def test_audit_without_ground_truth_and_its_report(tmp_path: Path) -> None:
     )
     spec = AuditSpec(spearpp={"starts": 500, "steps": 500, "max_passes": 2})
     auditor = Auditor(
-        spec,
-        None,
-        tmp_path,
-        0,
-        layer=("0.weight", "0.bias"),
-        input_shape=(3, 8, 8),
-        normalization=Normalization((0.5,) * 3, (0.2,) * 3),
+        AuditContext(
+            spec,
+            tmp_path,
+            0,
+            layer=("0.weight", "0.bias"),
+            input_shape=(3, 8, 8),
+            normalization=Normalization((0.5,) * 3, (0.2,) * 3),
+        )
     )
     auditor(update)
     auditor.finish()
@@ -115,7 +117,7 @@ def test_audit_without_ground_truth_and_its_report(tmp_path: Path) -> None:
 
 def test_auditor_without_data_refuses_the_judges_attacks(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="without ground truth only attacks that certify"):
-        Auditor(AuditSpec(proxies=True), None, tmp_path, 0)
+        Auditor(AuditContext(AuditSpec(proxies=True), tmp_path, 0))
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 
 from attacks import ATTACKS
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.config import ConfigError, apply_overrides, parse_scenario
 from fl_sim.config.schema import AuditSpec
 from fl_sim.rundir import AUDIT, read_jsonl
@@ -32,7 +33,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("toy")
 def test_a_new_attack_runs_on_its_targets_with_its_settings(tmp_path: Path) -> None:
     spec = AuditSpec(attacks=("spearpp", "toy"), toy={"rounds": [2], "scale": 2.0}, wait_s=120)
-    auditor = Auditor(spec, _data(), tmp_path, 0)
+    auditor = Auditor(AuditContext(spec, tmp_path, 0, _data()))
     for server_round in (1, 2):
         auditor(_update(server_round, 0))
     auditor.finish()

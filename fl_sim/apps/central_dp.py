@@ -5,11 +5,7 @@
 aggregate only: a strategy outside the wrapper, as the honest-but-curious server is, receives
 every update clipped (client side) or as sent (server side), never noised.
 
-Flower's own accountant (``flwr.serverapp.PrivacyAccountant``, backed by
-``flwr.supercore.privacy_accounting.rdp_accountant.RdpAccountant``) needs Google's
-``dp-accounting`` package, which fl-sim does not install: the epsilon here is Opacus' RDP
-accountant's for the same mechanism, Flower's noise multiplier on a release of every client
-each round (sampling rate 1, no amplification, as Flower's accountant counts it).
+The epsilon claimed is :meth:`fl_sim.config.federation.CentralDpSpec.epsilon`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ from flwr.serverapp.strategy import (
     Strategy,
 )
 
-from clients import PrivacyLedger
 from fl_sim.config.federation import CentralDpSpec
 from fl_sim.config.schema import Scenario
 
@@ -41,10 +36,4 @@ def central_epsilon(scenario: Scenario) -> Callable[[int], float] | None:
     """Round -> the federation's (epsilon, ``delta``)-DP after that many noised aggregates
     (``None`` without central DP)."""
     spec = scenario.federation.central_dp
-    if spec is None:
-        return None
-
-    def epsilon(server_round: int) -> float:
-        return PrivacyLedger().spend(spec.noise_multiplier, 1.0, server_round).epsilon(spec.delta)
-
-    return epsilon
+    return None if spec is None else spec.epsilon

@@ -31,6 +31,7 @@ from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterru
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.apps.secagg_server import federate_secagg
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.progress import RunProgress
@@ -119,16 +120,12 @@ def _federate(
     auditor = None
     if scenario.audit.enabled:
         auditor = Auditor(
-            scenario.audit,
-            recorder.data,
-            run_dir,
-            scenario.seed,
-            architecture=scenario.model.build(described),
-            layer=layer,
-            cluster=scenario.cluster,
-            round_epsilon=central_epsilon(scenario),
-            draws=functools.partial(drawn_samples, scenario, recorder.data),
-            behaviour=scenario.server.behaviour.behaviour,
+            AuditContext.for_scenario(
+                scenario,
+                run_dir,
+                data=recorder.data,
+                draws=functools.partial(drawn_samples, scenario, recorder.data),
+            )
         )
         strategy = HonestButCurious(
             strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core

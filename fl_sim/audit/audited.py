@@ -3,8 +3,7 @@ honest-but-curious server, its records written to a run directory, no ground tru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -13,10 +12,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
 from attacks import ATTACKS
-from fl_sim import rundir
 from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.context import AuditContext
 from fl_sim.config.schema import AuditSpec
-from fl_sim.config.upgrade import upgraded_audit
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import array_keys, first_linear
 from fl_sim.report import build_report
@@ -173,27 +171,16 @@ class AuditedStrategy(HonestButCurious):
             Before any round, when the model has no linear layer followed by ReLU to attack.
         """
         self.layer = find_layer(initial_arrays, self.named_layer, self.model)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        norm = self.normalization
-        rundir.write_json(
-            self.run_dir / rundir.AUDITED,
-            {
-                "settings": self.spec.model_dump(mode="json"),
-                "layer": list(self.layer),
-                "input_shape": list(self.input_shape) if self.input_shape else None,
-                "normalization": asdict(norm) if norm is not None else None,
-                "seed": self.seed,
-            },
-        )
         self.auditor = Auditor(
-            self.spec,
-            None,
-            self.run_dir,
-            self.seed,
-            architecture=self.model,
-            layer=self.layer,
-            input_shape=self.input_shape,
-            normalization=self.normalization,
+            AuditContext.for_app(
+                self.spec,
+                self.run_dir,
+                self.seed,
+                self.model,
+                self.layer,
+                self.input_shape,
+                self.normalization,
+            )
         )
         try:
             return super().start(
@@ -208,24 +195,3 @@ class AuditedStrategy(HonestButCurious):
         finally:
             self.auditor.finish()
             build_report(self.run_dir)
-
-
-def resumed_auditor(run_dir: Path, done: Collection[tuple[int, int, str]]) -> Auditor:
-    """The auditor an :class:`AuditedStrategy` ran in ``run_dir``, from its ``audited.json``,
-    for ``fl-sim audit`` to attack the stored updates that have no record (``done``: those
-    that have)."""
-    kept = rundir.read_json(run_dir / rundir.AUDITED)
-    norm = kept["normalization"]
-    w_key, b_key = kept["layer"]
-    return Auditor(
-        AuditSpec.model_validate(upgraded_audit(kept["settings"])),
-        None,
-        run_dir,
-        int(kept["seed"]),
-        layer=(str(w_key), str(b_key)),
-        done=done,
-        input_shape=tuple(kept["input_shape"]) if kept["input_shape"] else None,
-        normalization=Normalization(tuple(norm["mean"]), tuple(norm["std"]), norm["ndim"])
-        if norm
-        else None,
-    )

@@ -17,37 +17,32 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import threading
-from collections.abc import Callable, Collection, Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from attacks import ATTACKS
 from clients.defences.base import EPSILON
-from clients.reply import PARTITION_ID, REASON, SAMPLE_IDS, STATUS
-from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
-from fl_sim.audit.judge import Judge, Verdict, sample_ids, true_batch_size
+from clients.reply import PARTITION_ID, SAMPLE_IDS
+from fl_sim.audit.context import AuditContext
+from fl_sim.audit.filing import Filing
+from fl_sim.audit.job import AttackJob, write_arrays
+from fl_sim.audit.judge import Judge, sample_ids, true_batch_size
 from fl_sim.audit.log import (
     COHORT,
     INTERRUPTED,
     PROXY_RUN,
     AuditLog,
-    attack_fields,
     new_record,
     reply_record,
 )
-from fl_sim.audit.proxy_job import ProxyJob, ProxyOutcome, write_proxy_arrays
+from fl_sim.audit.proxy_job import ProxyJob, write_proxy_arrays
 from fl_sim.audit.runs import AttackRun, audit_runs
 from fl_sim.audit.threat_model import Sight, ThreatModel, next_layer_helps
 from fl_sim.audit.updates import save_update
 from fl_sim.config.federation import SecAggSpec
-from fl_sim.config.schema import AuditSpec
-from fl_sim.data.federated import FederatedData
-from fl_sim.data.normalize import Normalization
-from fl_sim.executors import EXECUTORS, ClusterSpec, WorkerJob
+from fl_sim.executors import EXECUTORS, WorkerJob
 from fl_sim.model import array_keys, next_linear
 from fl_sim.rundir import AGGREGATE_VIEW, COHORT_VIEW
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
@@ -63,61 +58,12 @@ class Auditor:
 
     Parameters
     ----------
-    spec
-        What to attack, with which attacks, knowledge and budget.
-    data
-        The run's data: only for judging (ground truth), never for attacking (bar the labels
-        when ``knows_labels`` grants them, and the input range the server's pipeline fixes).
-        ``None`` for a federation whose data the server does not hold (a user's own Flower
-        app): SPEAR++ alone runs, and each record carries what the attack itself knows (status,
-        estimated batch size, certified samples, timings, the reconstruction under
-        ``reconstructions/`` and its grid), the judge's metrics ``None``.
-    run_dir
-        Where ``audit.jsonl``, ``proxies.jsonl`` and ``grids/`` grow.
-    seed
-        Seeds the attacks.
-    architecture
-        The model the server built (its structure; weights are not used): whole-model attacks
-        and the proxies need it, and SPEAR++ takes the next layer's gradient from one-step DP
-        updates when it knows which layer that is.
-    layer
-        ArrayRecord keys of the first linear layer's weight and bias.
-    done
-        (round, client, run) already on file: not attacked again (``run`` is a record's
-        attack label, or ``proxies``).
-    cluster
-        Where the jobs run: its ``attack_executor`` with ``spec.workers`` jobs at once
-        (default: a local pool of that many processes).
-    round_epsilon
-        Round -> the federation's epsilon after it (central DP): the records' ``epsilon`` where
-        a client declares none of its own.
-    draws
-        (client, round) -> the ids of the samples the client trained on: ground truth for
-        judging secure aggregates, whose clients send none (the simulation's own draw).
-    input_shape, normalization
-        Without ``data``: one input's shape (C x H x W images get grids) and the normalisation
-        to undo in them (none: each image stretched to [0, 1]).
-    behaviour
-        The server behaviour that chose what was sent (``honest``, ``sparsify``, ...): every
-        record says it.
+    context
+        What the audit runs with (:class:`~fl_sim.audit.context.AuditContext`).
     """
 
-    def __init__(
-        self,
-        spec: AuditSpec,
-        data: FederatedData | None,
-        run_dir: Path,
-        seed: int,
-        architecture: nn.Module | None = None,
-        layer: tuple[str, str] = ("weight", "bias"),
-        done: Collection[tuple[int, int, str]] = (),
-        cluster: ClusterSpec | None = None,
-        round_epsilon: Callable[[int], float] | None = None,
-        draws: Callable[[int, int], np.ndarray] | None = None,
-        input_shape: tuple[int, ...] | None = None,
-        normalization: Normalization | None = None,
-        behaviour: str = "honest",
-    ) -> None:
+    def __init__(self, context: AuditContext) -> None:
+        spec, data, architecture = context.spec, context.data, context.architecture
         needs_truth = [a for a in spec.attacks if not ATTACKS[a].runs_without_truth]
         if data is None and (spec.proxies or needs_truth):
             raise ValueError(
@@ -125,18 +71,25 @@ class Auditor:
                 f"attacks={list(spec.attacks)} and audit.proxies={spec.proxies} need the run's data"
             )
         self.spec = spec
-        self.round_epsilon = round_epsilon
-        self.judge = Judge(data, draws) if data is not None else None
-        self.log = AuditLog(run_dir, behaviour, spec.grids, input_shape, normalization, lock=True)
-        self.seed = seed
-        self.done = frozenset(done)
+        self.round_epsilon = context.round_epsilon
+        self.judge = Judge(data, context.draws) if data is not None else None
+        self.log = AuditLog(
+            context.run_dir,
+            context.behaviour,
+            spec.grids,
+            context.input_shape,
+            context.normalization,
+            lock=True,
+        )
+        self.seed = context.seed
+        self.done = context.done
         self.runs = audit_runs(spec)
         needs_model = spec.proxies or any(ATTACKS[r.attack].whole_model for r in self.runs)
         if needs_model and architecture is None:
             raise ValueError("the audit's attacks or proxies need the model's architecture")
         found = next_linear(architecture) if architecture is not None else None
         self.threat = ThreatModel(
-            first_layer=layer,
+            first_layer=context.layer,
             knows_batch_size=spec.knows_batch_size,
             knows_noise=spec.knows_noise,
             next_layer=array_keys(found[0]) if found else None,
@@ -144,11 +97,9 @@ class Auditor:
             architecture=copy.deepcopy(architecture).to("meta") if architecture else None,
             data=data.description if data is not None else None,
         )
-        cluster = cluster or ClusterSpec()
+        cluster = context.cluster
         self._executor = EXECUTORS[cluster.attack_executor](spec.workers, cluster)
-        self._lock = threading.Lock()
-        # Records still to come, by (round, client, run).
-        self._pending: dict[tuple[int, int, str], dict[str, Any]] = {}
+        self.filing = Filing(self.log, self.judge, spec.keep_updates)
 
     def __call__(self, update: InterceptedUpdate) -> None:
         """File an update: rejected at once if unusable, else queued for attack."""
@@ -159,7 +110,7 @@ class Auditor:
         the fault's status (``diverged``, ``client-error``, ``rejected``) and reason."""
         client = fault.client if fault.client is not None else fault.node_id
         base = self._base_of(fault.server_round, fault.node_id, client, fault.declared, fault.audit)
-        self._write({**base, "attack": None, "status": fault.status, "reason": fault.reason})
+        self.filing.write({**base, "attack": None, "status": fault.status, "reason": fault.reason})
 
     def runs_for(self, server_round: int, client: int) -> list[AttackRun]:
         """The attacks the audit runs on this client's update of this round."""
@@ -180,7 +131,7 @@ class Auditor:
         """Queue the attack (and proxy) jobs of an update; returns how many were queued."""
         base = self._base(update)
         if update.problem is not None:
-            self._write(
+            self.filing.write(
                 {**base, "attack": None, "status": update.failure, "reason": update.problem}
             )
             return 0
@@ -195,7 +146,7 @@ class Auditor:
         for run in todo:
             record = {**base, "attack": run.attack, **({"loss": run.loss} if run.loss else {})}
             if ATTACKS[run.attack].whole_model and update.arrays is None:
-                self._write(
+                self.filing.write(
                     {**record, "status": "refused", "reason": "the update was not kept whole"},
                     run.label,
                 )
@@ -206,20 +157,20 @@ class Auditor:
                 run.label,
                 record,
                 job,
-                functools.partial(self._judged, base=record, ids=ids, run=run.label),
+                functools.partial(self.filing.judged, base=record, ids=ids, run=run.label),
             )
             queued += 1
         key = (base["round"], base["client"], PROXY_RUN)
         if self.spec.proxies and runs and key not in self.done:
             if update.sent_arrays is None:
-                self._write_proxies({**base, "status": "refused", "reason": "not kept whole"})
+                self.filing.write_proxies({**base, "status": "refused", "reason": "not kept whole"})
             else:
                 row = {k: base[k] for k in ("round", "client", "node_id", "defence")}
                 self._submit(
                     PROXY_RUN,
                     row,
                     self._proxy_job(update, base),
-                    functools.partial(self._proxies_done, row=row),
+                    functools.partial(self.filing.proxies_done, row=row),
                 )
                 queued += 1
         return queued
@@ -264,7 +215,9 @@ class Auditor:
                 run.label,
                 record,
                 self._attack_job(sight, cohort, run),
-                functools.partial(self._judged_cohort, base=record, members=members, run=run.label),
+                functools.partial(
+                    self.filing.judged_cohort, base=record, members=members, run=run.label
+                ),
             )
             queued += 1
         return queued
@@ -279,20 +232,13 @@ class Auditor:
         if not interrupted:
             self._executor.wait(self.spec.wait_s)
         self._executor.close()  # no outcome comes back after this
-        with self._lock:
-            pending = list(self._pending.items())
-        for (_, _, run), record in pending:
-            late = {
-                **record,
-                STATUS: INTERRUPTED if interrupted else "timeout",
-                REASON: "the run was interrupted before this job finished"
-                if interrupted
-                else f"not finished {self.spec.wait_s:.0f} s after the last round",
-            }
-            if run == PROXY_RUN:
-                self._write_proxies(late)
+        for (_, _, run), record in self.filing.pending():
+            if interrupted:
+                reason = "the run was interrupted before this job finished"
+                self.filing.failed(run, record, INTERRUPTED, reason)
             else:
-                self._write(late, run)
+                reason = f"not finished {self.spec.wait_s:.0f} s after the last round"
+                self.filing.failed(run, record, "timeout", reason)
         if self.spec.proxies:
             self.log.write_forecast()
         self.log.close()
@@ -303,14 +249,9 @@ class Auditor:
         self, run: str, record: dict[str, Any], job: WorkerJob, callback: Callable[[Any], None]
     ) -> None:
         def failed(err: BaseException) -> None:
-            failure = {**record, "status": "error", "reason": f"{type(err).__name__}: {err}"}
-            if run == PROXY_RUN:
-                self._write_proxies(failure)
-            else:
-                self._write(failure, run)
+            self.filing.failed(run, record, "error", f"{type(err).__name__}: {err}")
 
-        with self._lock:  # before submitting: the outcome may come back at once
-            self._pending[(record["round"], record["client"], run)] = record
+        self.filing.expect(run, record)
         self._executor.submit(job, on_outcome=callback, on_error=failed)
 
     def _base(self, update: InterceptedUpdate) -> dict[str, Any]:
@@ -334,12 +275,6 @@ class Auditor:
             server_round, node_id, client, declared, true_batch_size(audit), epsilon
         )
 
-    def _truth(self) -> Judge:
-        """The judge, for the paths that the constructor opens only with the run's data."""
-        if self.judge is None:
-            raise ValueError("this part of the audit needs the run's data (ground truth)")
-        return self.judge
-
     def _job(
         self, update: InterceptedUpdate, base: Mapping[str, Any], run: AttackRun
     ) -> tuple[AttackJob, dict[str, str]]:
@@ -348,7 +283,7 @@ class Auditor:
         whole = ATTACKS[run.attack].whole_model
         labels = None
         if whole and self.spec.knows_labels:
-            labels = self._truth().labels(sample_ids(update.audit))
+            labels = self.filing.truth().labels(sample_ids(update.audit))
         sight = self.threat.of_update(update, whole_model=whole, labels=labels)
         return self._attack_job(sight, base, run), dict(sight.knowledge)
 
@@ -357,8 +292,7 @@ class Auditor:
         the rest of the view in the job."""
         view = sight.view
         arrays = write_arrays(self.log.job_path(base, run.label), view.weights, view.gradient)
-        seed = self.seed * 7919 + base["round"] * 101 + base["client"]
-        config = run.config(self.spec, seed)
+        config = run.config(self.spec, self._job_seed(base))
         view = dataclasses.replace(view, weights={}, gradient={})
         return AttackJob(
             base["round"], base["client"], run.label, ATTACKS[run.attack], arrays, view, config
@@ -370,7 +304,7 @@ class Auditor:
         if architecture is None:  # the constructor refuses proxies without one
             raise ValueError("the proxies need the model's architecture")
         ids = sample_ids(update.audit)
-        inputs, labels = self._truth().inputs(ids)
+        inputs, labels = self.filing.truth().inputs(ids)
         path = write_proxy_arrays(
             self.log.job_path(base, PROXY_RUN), dict(sent_all), inputs, labels, ids
         )
@@ -381,80 +315,9 @@ class Auditor:
             architecture,
             self.spec.proxy_tol,
             self.spec.proxy_max_iter,
-            self.seed * 7919 + base["round"] * 101 + base["client"],
+            self._job_seed(base),
         )
 
-    def _judged(self, out: AttackOutcome, base: dict[str, Any], ids: np.ndarray, run: str) -> None:
-        """Have a finished attack judged against the samples the client trained on (without
-        ground truth: filed as the attack left it); file it."""
-        record = {**base, "seconds": out.seconds}
-        if out.error is not None or out.inputs is None:
-            self._write({**record, "status": "refused", "reason": out.error}, run)
-            return
-        fields = attack_fields(out.summary)
-        if self.judge is None:
-            # Of the estimated batch: the true size is the client's to know.
-            share = out.summary["certified"] / max(out.summary["batch_size"], 1)
-            record |= fields | {"share_certified": share}
-            certified = out.certified if out.certified is not None else np.zeros(0, dtype=bool)
-            self.log.reconstruction(record, run, out.inputs, certified)
-            self._write(record, run)
-            return
-        verdict = self.judge.judge(out, ids)
-        record |= fields | dict(verdict.fields)
-        if "label_values" in out.summary["settings"]:
-            record["labels_recovered"] = out.summary["settings"]["label_values"]
-        self._grid(record, run, verdict)
-        self._write(record, run)
-
-    def _judged_cohort(
-        self,
-        out: AttackOutcome,
-        base: dict[str, Any],
-        members: list[tuple[dict[str, Any], np.ndarray]],
-        run: str,
-    ) -> None:
-        """File the attack on a sum: the cohort's record, and one per summed client with what
-        of its own samples came back."""
-        record = {**base, "seconds": out.seconds}
-        per_client = [{**m, "attack": base["attack"], "seconds": out.seconds} for m, _ in members]
-        if out.error is not None or out.inputs is None:
-            for mine in per_client:
-                self._write({**mine, "status": "refused", "reason": out.error})
-            self._write({**record, "status": "refused", "reason": out.error}, run)
-            return
-        cohort, shares = self._truth().judge_cohort(out, [ids for _, ids in members])
-        fields = attack_fields(out.summary)
-        for mine, share in zip(per_client, shares, strict=True):
-            mine |= {
-                **fields,
-                "certified": None,  # the attack certifies samples of the sum, not of a client
-                **share.fields,
-                "knowledge": base["knowledge"],
-                "cohort": {"clients": base["clients"], "batch_size": base["batch_size"]},
-            }
-            self._grid(mine, run, share)
-            self._write(mine)
-        record |= fields | dict(cohort.fields)
-        self._write(record, run)
-
-    def _grid(self, record: dict[str, Any], run: str, verdict: Verdict) -> None:
-        self.log.grid(record, run, verdict.truth, verdict.matched, self._truth().is_image)
-
-    def _proxies_done(self, out: ProxyOutcome, row: dict[str, Any]) -> None:
-        self._write_proxies(
-            {**row, "status": "done", "seconds": out.seconds, "samples": out.samples}
-        )
-
-    def _write(self, record: dict[str, Any], run: str | None = None) -> None:
-        with self._lock:
-            self.log.write(record, run)
-            if run is not None:
-                self._pending.pop((record["round"], record["client"], run), None)
-                self.log.release_update(record, self._pending, self.spec.keep_updates)
-
-    def _write_proxies(self, row: dict[str, Any]) -> None:
-        with self._lock:
-            self.log.write_proxies(row)
-            self._pending.pop((row["round"], row["client"], PROXY_RUN), None)
-            self.log.release_update(row, self._pending, self.spec.keep_updates)
+    def _job_seed(self, base: Mapping[str, Any]) -> int:
+        # One seed per (run, round, client), the same when a resumed audit redoes the job.
+        return int(self.seed * 7919 + base["round"] * 101 + base["client"])

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from clients import PrivacyLedger
+
 
 class SecAggSpec(BaseModel):
     """Flower's SecAgg+ (``[federation.secagg]``): the server receives only the masked,
@@ -90,6 +92,15 @@ class CentralDpSpec(BaseModel):
     clipping_norm: float = Field(default=1.0, gt=0)
     clipping: Literal["client", "server"] = "client"
     delta: float = Field(default=1e-5, gt=0, lt=1)
+
+    def epsilon(self, rounds: int) -> float:
+        """The federation's epsilon at :attr:`delta` after ``rounds`` noised aggregates.
+
+        Opacus' RDP accountant for Flower's mechanism: the noise multiplier on a release of
+        every client each round (sampling rate 1, no amplification, as Flower's own accountant
+        counts it; that one needs Google's ``dp-accounting``, which fl-sim does not install).
+        """
+        return PrivacyLedger().spend(self.noise_multiplier, 1.0, rounds).epsilon(self.delta)
 
 
 class FederationSpec(BaseModel):
