@@ -44,5 +44,5 @@ def test_an_apps_audit_is_resumed_from_its_audited_json(tmp_path: Path) -> None:
 
 
 def test_a_run_that_says_nothing_of_its_audit_is_named(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="has neither scenario.json nor audited.json"):
+    with pytest.raises(FileNotFoundError, match=r"has neither scenario\.json nor audited\.json"):
         AuditContext.stored(tmp_path)
