@@ -9,20 +9,20 @@ import pytest
 import torch
 
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.engine import _budget_clock
+from attacks.spearpp.rounds import budget_clock
 from fl_sim.audit.runs import audit_runs
 from fl_sim.config.schema import AuditSpec
 
 
 def test_cpu_clock_does_not_count_waiting() -> None:
-    wall, cpu = _budget_clock("wall"), _budget_clock("cpu")
+    wall, cpu = budget_clock("wall"), budget_clock("cpu")
     time.sleep(0.3)
     assert wall() >= 0.3
     assert cpu() < 0.1
 
 
 def test_cpu_clock_counts_work() -> None:
-    cpu = _budget_clock("cpu")
+    cpu = budget_clock("cpu")
     deadline = time.process_time() + 0.2
     while time.process_time() < deadline:
         pass

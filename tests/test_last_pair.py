@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.engine import _Clock, _Harvester
 from attacks.spearpp.factor import factorise
+from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.inputs import FLOAT32_PRECISION
 from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
@@ -93,13 +93,13 @@ def test_the_engine_completes_a_pool_two_short(seed: int) -> None:
     fac, truth, rule = _setting(view)
     b = truth.shape[0]
     pool = ColumnPool(b, truth.device, spares=2 * b, same_cosine=rule.same_column_cosine)
-    harvest = _Harvester(
+    harvest = Harvester(
         fac.left,
         fac.left,
         rule,
         SpearConfig(),
         pool,
-        _Clock(),
+        Clock(),
         torch.Generator().manual_seed(seed),
     )
     harvest.inputs = (fac.right, view["grad_bias"], view["weight"], view["bias"])
@@ -129,7 +129,7 @@ def test_the_engine_certifies_the_pinned_one_of_a_pair_whose_other_is_unpinned(s
     assert scan.columns.shape[0] == 0 and _is_among(truth[1:2], scan.candidates)
     pool = ColumnPool(12, truth.device, spares=24, same_cosine=rule.same_column_cosine)
     gen = torch.Generator().manual_seed(seed)
-    harvest = _Harvester(fac.left, fac.left, rule, SpearConfig(), pool, _Clock(), gen)
+    harvest = Harvester(fac.left, fac.left, rule, SpearConfig(), pool, Clock(), gen)
     harvest.inputs = (fac.right, view["grad_bias"], view["weight"], view["bias"])
     harvest.propose(_without(truth, (0, 1)))
     assert len(pool) == 11 and _is_among(pool.columns, truth[1:])

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.engine import _Clock, _Harvester
 from attacks.spearpp.factor import Factorisation, factorise
+from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.last_column import noisy_last_column
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule, zero_mask
@@ -50,17 +50,17 @@ def _setting(view: dict[str, torch.Tensor]) -> tuple[Factorisation, torch.Tensor
     return fac, torch.nn.functional.normalize(truth, dim=1), rule
 
 
-def _harvester(fac: Factorisation, rule: ZeroRule, found: torch.Tensor) -> _Harvester:
+def _harvester(fac: Factorisation, rule: ZeroRule, found: torch.Tensor) -> Harvester:
     pool = ColumnPool(B, fac.left.device, spares=2 * B, same_cosine=rule.same_column_cosine)
     for q in found:
         pool.admit(q, zero_mask(fac.left, q[None], rule).sum())
-    harvest = _Harvester(
+    harvest = Harvester(
         fac.left,
         fac.left.float(),
         rule,
         SpearConfig(),
         pool,
-        _Clock(),
+        Clock(),
         torch.Generator().manual_seed(0),
     )
     return harvest

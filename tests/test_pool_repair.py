@@ -1,12 +1,12 @@
 """Evicting a mix from a full pool: the pool's eviction and ban, and the engine's choice of what
-to evict (``_evict_mismatched``) against the algebra it rests on."""
+to evict (``evict_mismatched``) against the algebra it rests on."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attacks.spearpp.engine import _evict_mismatched
+from attacks.spearpp.certify import evict_mismatched
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import Candidates
 
@@ -53,7 +53,7 @@ def test_a_mix_corrupts_exactly_two_samples_and_is_the_one_banned(seed: int) -> 
     mixed[j] = torch.nn.functional.normalize(q[j] + 0.7 * q[k], dim=0)
     inputs = torch.linalg.solve(mixed.T, right)
     cosine = torch.nn.functional.cosine_similarity(inputs, truth, dim=1).abs()
-    # The premise of _evict_mismatched: sample j's input stays right (up to scale), sample k's
+    # The premise of evict_mismatched: sample j's input stays right (up to scale), sample k's
     # becomes a mix, every other one is untouched.
     assert float(cosine[j]) == pytest.approx(1.0, abs=1e-12)
     assert float(cosine[k]) < 0.999
@@ -64,7 +64,7 @@ def test_a_mix_corrupts_exactly_two_samples_and_is_the_one_banned(seed: int) -> 
     pool = ColumnPool(B, torch.device("cpu"), spares=0, same_cosine=1 - 1e-6)
     assert pool.add(_verified(mixed, zeros)) == B
     mismatched = torch.tensor([False, True, False, False, True, False])
-    _evict_mismatched(pool, pool.columns, mismatched)
+    evict_mismatched(pool, pool.columns, mismatched)
     assert len(pool) == B - 2
     assert pool.add(_verified(mixed[j : j + 1], [900])) == 0  # the mix is banned
     assert pool.add(_verified(q[k : k + 1], [2050])) == 1  # the true column comes back

@@ -54,7 +54,8 @@ def test_sparsified_batches_are_exact_and_every_certified_sample_is_true() -> No
 def test_the_budget_stops_a_round_between_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     # A widened round on a sparse layer at m = 4000 once ran 240 s past its budget, which was
     # checked only between rounds: chunks of starts (max_elements) are checked one by one.
-    import attacks.spearpp.engine as engine
+    import attacks.spearpp.rounds as rounds
+    import attacks.spearpp.stages as stages
 
     view, _, _ = observation(32, 600, 0, depth=3, fire_share=SHARE)
     chunks: list[int] = []
@@ -64,8 +65,8 @@ def test_the_budget_stops_a_round_between_chunks(monkeypatch: pytest.MonkeyPatch
         return sign_search(geom, starts, *args, **kwargs)  # type: ignore[arg-type]
 
     # The clock runs out once the first chunk is searched.
-    monkeypatch.setattr(engine, "sign_search", counted)
-    monkeypatch.setattr(engine, "_budget_clock", lambda kind: lambda: 1.0 if chunks else 0.0)
+    monkeypatch.setattr(rounds, "sign_search", counted)
+    monkeypatch.setattr(stages, "budget_clock", lambda kind: lambda: 1.0 if chunks else 0.0)
     # The first round's null steps use null_step_rows(600, 32) rows: chunks of 2 starts.
     rows = null_step_rows(600, 32)
     config = SpearConfig(sign_starts=8, max_elements=2 * rows * 32, time_budget_s=0.5)

@@ -200,8 +200,8 @@ def test_the_search_rows_follow_how_faint_the_noise_is(over_edge: float, faint: 
     """Rows of U where the weakest sample stands 1000 times above the noise's edge (a float32
     client's weight round-off: 1,800 to 12,000), rows of U S where DP noise is nearer (230 to
     280 at sigma=1e-6, B=150, m=4000, where rows of U lost a seed); none: rows of U."""
-    from attacks.spearpp.engine import _faint_noise
     from attacks.spearpp.factor import Factorisation
+    from attacks.spearpp.rounds import faint_noise
 
     m, n, b = 400, 600, 10
     s = torch.linspace(10.0, 1.0, b, dtype=torch.float64)
@@ -215,4 +215,4 @@ def test_the_search_rows_follow_how_faint_the_noise_is(over_edge: float, faint: 
         method="noise-bulk" if std else "float-rank",
         noise_std=std,
     )
-    assert _faint_noise(fac) is faint
+    assert faint_noise(fac) is faint

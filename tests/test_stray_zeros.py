@@ -57,7 +57,7 @@ def test_true_columns_have_no_stray_zeros_and_a_mix_has_many(seed: int) -> None:
     wrong = solve_inputs(mixed, left, right, obs, rule)
     stray = stray_zeros(mixed, wrong.inputs, left, obs, rule)
     assert float(stray[0]) > 0.25  # about half the mix's zeros are x_0's active neurons
-    assert float(stray.max()) > 0.1  # so the batch is not certified (engine._STRAY_MAX)
+    assert float(stray.max()) > 0.1  # so the batch is not certified (solve.STRAY_MAX)
 
 
 @pytest.mark.parametrize("seed", range(4))

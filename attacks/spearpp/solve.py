@@ -236,7 +236,7 @@ def stray_zeros(
     (any C samples of a one-hidden-layer net with C classes) is zero where they are all
     active too, so put in sample j's place about half its zeros are neurons x_j activates. A
     multi-step update's true columns drift from the sent weights by the few neurons that local
-    training switched off (see ``engine._STRAY_MAX``).
+    training switched off (see :data:`STRAY_MAX`).
     """
     zero = zero_mask(left, columns, rule)
     active = ~inactive_neurons(inputs, obs)

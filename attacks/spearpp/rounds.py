@@ -1,0 +1,299 @@
+"""The SPEAR++ search's rounds: sign-consistency rounds until the pool is full or they stall,
+the guided searches of the last few columns, the convex searches that deflate the found ones,
+and the clock the time budget counts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from attacks.spearpp.complement import complement_columns
+from attacks.spearpp.config import SpearConfig
+from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
+from attacks.spearpp.factor import Factorisation
+from attacks.spearpp.harvest import Harvester
+from attacks.spearpp.pool import ColumnPool
+from attacks.spearpp.refine import zero_mask
+from attacks.spearpp.search import random_starts
+from attacks.spearpp.signs import (
+    IRLS_STEPS,
+    SignGeometry,
+    deflation_basis,
+    fit_inputs,
+    null_step_rows,
+    sign_search,
+)
+
+log = logging.getLogger(__name__)
+
+# Convex trials per deflation round beyond two per missing column.
+_DEFLATE_EXTRA = 4
+# The convex search pays off only for the last few columns: with many missing, its optimum is
+# mostly a mix of them.
+_DEFLATE_MAX_MISSING = 4
+# Largest factor by which idle sign rounds widen the next round's starts.
+_SIGN_WIDEN_MAX = 16
+# Share of zeros in the found columns (their median) above which the sign search null-steps on
+# every zero of its converged points: honest layers have about half, a layer whose biases fire
+# each neuron for a tenth of the samples 90%.
+_SPARSE_LAYER = 0.75
+# Random mixes of the missing columns' guesses per missing column, and the sizes of the
+# random steps away from them.
+_LAST_MIXES = 4
+_LAST_SPREADS = (0.2, 0.4, 0.6)
+# Multiply-adds of null steps per chunk of sign-search starts, between which the time budget
+# is checked: about 10 to 30 s on one core. Rounds at B = 1024 and m = 4000 (8 starts, 2000
+# rows each) and the last columns' searches at B = 256 (200 guesses on up to 2000 rows) ran
+# one product for many minutes past a 600 s budget.
+_CHUNK_WORK = 5e10
+# Share of the columns missing at a fruitless complement round that must remain for another.
+_COMPLEMENT_RETRY = 0.75
+# Noise whose edge lies this far below the weakest sample's singular value does not steer the
+# sign search (see faint_noise).
+_FAINT_NOISE = 1000.0
+
+
+def _sparse_layer(pool: ColumnPool, m: int) -> bool:
+    """Whether the columns found so far are mostly zeros (see ``sign_search``'s ``whole``)."""
+    return bool(len(pool)) and float(pool.zeros.double().median()) > _SPARSE_LAYER * m
+
+
+def few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
+    """Whether the convex searches for the last columns are worth running now."""
+    missing = batch_size - found
+    return config.deflate and 0 < missing <= max(_DEFLATE_MAX_MISSING, batch_size // 20)
+
+
+def deflate(harvest: Harvester, batch_size: int, generator: torch.Generator) -> None:
+    """Convex l1 searches aimed at the missing columns, round after round while they find any."""
+    pool = harvest.pool
+    while (missing := batch_size - len(pool)) > 0:
+        with harvest.clock.stage("deflate"):
+            probes = complement_probes(pool.columns, 2 * missing + _DEFLATE_EXTRA, generator)
+            points = l1_on_hyperplanes(harvest.left, probes)
+        if not harvest.propose(points):
+            break
+
+
+def _last_columns(
+    geom: SignGeometry,
+    basis: torch.Tensor,
+    found: torch.Tensor,
+    config: SpearConfig,
+    null_step: str,
+    generator: torch.Generator,
+    engine_rows: bool,
+    out_of_time: Callable[[], bool],
+) -> torch.Tensor:
+    """Sign searches from the best guess of the few missing columns (search coordinates).
+
+    Every missing column is orthogonal to every found sample's input coordinates (P Q = I), so
+    the complement of their estimates (``basis``) holds the guesses; their errors (a few
+    degrees on trained networks, more where the found samples' inputs are poorly pinned) leave
+    the guesses outside small basins, so random steps around them are tried too. A sample with
+    many zeros is pulled in only by null steps on more rows than the default, one with few
+    zeros only by fewer: each guess is run with several row counts.
+    """
+    b = basis.shape[0]
+    m = geom.left.shape[0]
+    complement = torch.linalg.svd(basis, full_matrices=True)[0][:, basis.shape[1] :]
+    count = _LAST_MIXES * complement.shape[1]
+    mixes = torch.randn(count, complement.shape[1], generator=generator, dtype=basis.dtype)
+    guesses = torch.nn.functional.normalize(mixes.to(basis.device) @ complement.T, dim=1)
+    # A cloud around the guesses: their errors reach 25 degrees or more where the found
+    # samples' inputs are poorly pinned.
+    cloud = torch.randn(len(_LAST_SPREADS) * count, b, generator=generator, dtype=basis.dtype)
+    spreads = torch.tensor(_LAST_SPREADS, dtype=basis.dtype).repeat_interleave(count)[:, None]
+    steps = (spreads * torch.nn.functional.normalize(cloud, dim=1)).to(basis.device)
+    guesses = torch.cat([complement.T, guesses, guesses.repeat(len(_LAST_SPREADS), 1) + steps])
+    default = null_step_rows(m, b)
+    counts = sorted({min(2 * b, default), default, (default + m // 2) // 2, m // 2})
+    parts = [guesses[:0]]
+    for rows in counts:
+        if out_of_time():
+            break
+        parts.append(
+            _chunked_search(
+                geom, guesses, None, config, found, null_step, rows, engine_rows, out_of_time
+            )
+        )
+    return torch.cat(parts)
+
+
+def _chunked_search(
+    geom: SignGeometry,
+    starts: torch.Tensor,
+    deflation: torch.Tensor | None,
+    config: SpearConfig,
+    found: torch.Tensor | None,
+    null_step: str,
+    rows: int | None,
+    engine_rows: bool,
+    out_of_time: Callable[[], bool],
+    whole: bool = False,
+) -> torch.Tensor:
+    """:func:`sign_search` over chunks of ``starts``, bounded by ``max_elements`` and
+    :data:`_CHUNK_WORK`, until the time budget is spent: the points of the chunks run."""
+    m, b = geom.left.shape
+    per_start = m if whole else (rows or null_step_rows(m, b))
+    work = config.sign_iterations * IRLS_STEPS * b * b * (per_start + b)
+    chunk = max(1, min(config.max_elements // (per_start * b), int(_CHUNK_WORK // work)))
+    parts = []
+    for begin in range(0, starts.shape[0], chunk):
+        part = starts[begin : begin + chunk]
+        parts.append(
+            sign_search(
+                geom,
+                part,
+                deflation,
+                config.sign_iterations,
+                found,
+                null_step,
+                rows,
+                engine_rows,
+                whole=whole,
+            )
+        )
+        if out_of_time():
+            break
+    return torch.cat(parts)
+
+
+def complement_round(
+    harvest: Harvester, geom: SignGeometry, generator: torch.Generator, null_step: str
+) -> int:
+    """Propose the candidates of :func:`complement_columns` from the pool's columns; the
+    number of new columns."""
+    with harvest.clock.stage("search"):
+        points = complement_columns(
+            geom,
+            geom.to_search(harvest.pool.columns),
+            harvest.rule,
+            generator,
+            null_step,
+            engine_rows=harvest.engine_rows,
+        )
+    return harvest.propose(points)
+
+
+def sign_rounds(
+    harvest: Harvester,
+    geom: SignGeometry,
+    batch_size: int,
+    generator: torch.Generator,
+    out_of_time: Callable[[], bool],
+    null_step: str,
+    patience: int | None = None,
+) -> tuple[int, int]:
+    """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
+    rounds that find nothing, by default the config's), or time is up; the number of rounds
+    run and of starts they used."""
+    pool, config = harvest.pool, harvest.config
+    # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
+    inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
+    basis: torch.Tensor | None = None
+    idle = rounds = starts_run = 0
+    # Columns missing at the last complement round that found nothing: it draws from the
+    # complement of the found columns, and with as many missing it is retried only once a
+    # quarter of them has been found (m=1000, B=150, past the limit: 6 s of refinement and 10 s
+    # of search per round, 580 to 596 candidates and none new, 4 times with 1 to 5 found).
+    fruitless = math.inf
+    patience = config.sign_patience if patience is None else patience
+    while len(pool) < batch_size and idle < patience and not out_of_time():
+        with harvest.clock.stage("search"):
+            fresh = pool.columns[inputs.shape[0] :]
+            if fresh.shape[0]:  # the deflation changes only when the pool grew
+                active = ~zero_mask(harvest.left, fresh, harvest.rule)
+                inputs = torch.cat([inputs, fit_inputs(geom.affine(), active)[:, :batch_size]])
+                basis = deflation_basis(geom.to_search(pool.columns), inputs)
+            # Basins of trained networks' columns are very uneven: rounds that find nothing
+            # widen the next one, and a success narrows it again.
+            widen = min(2**idle, _SIGN_WIDEN_MAX)
+            starts = random_starts(config.sign_starts * widen, batch_size, generator)
+            found = geom.to_search(pool.columns) if len(pool) else None
+            engine_rows = harvest.engine_rows
+            points = _chunked_search(
+                geom,
+                starts,
+                basis,
+                config,
+                found,
+                null_step,
+                None,
+                engine_rows,
+                out_of_time,
+                whole=_sparse_layer(pool, harvest.left.shape[0]),
+            )
+            # The guided searches of the last columns cost many rounds' work at large B (at
+            # B = 256, m = 4000 one ran 220 s where rounds of random starts found the last 9
+            # columns too): they run once random starts stop finding any.
+            if (
+                basis is not None
+                and found is not None
+                and idle
+                and few_missing(config, batch_size, len(pool))
+            ):
+                points = torch.cat(
+                    [
+                        points,
+                        _last_columns(
+                            geom,
+                            basis,
+                            found,
+                            config,
+                            null_step,
+                            generator,
+                            engine_rows,
+                            out_of_time,
+                        ),
+                    ]
+                )
+        grew = harvest.propose(geom.to_engine(points))
+        # A round that found nothing: the complement of the found ones holds the missing
+        # samples' inputs (see complement_columns). Without noise, not while rounds still find
+        # columns: at B=100, m=4000 a round of 8 starts costs 0.15 s and finds the last 5, the
+        # complement round 2.5 s. Under noise (and float32 round-off) also once few are
+        # missing: there a sign round's mix can pass the noise-level certificate first
+        # (a trained float32 client, B=20, m=200: one did, and no sample came back).
+        missing = batch_size - len(pool)
+        retry = not grew and missing <= _COMPLEMENT_RETRY * fruitless
+        few = bool(harvest.rule.noise_std) and few_missing(config, batch_size, len(pool))
+        if len(pool) and (retry or few):
+            more = complement_round(harvest, geom, generator, null_step)
+            fruitless = math.inf if more else missing
+            grew += more
+        idle = 0 if grew else idle + 1
+        rounds += 1
+        starts_run += int(points.shape[0])  # one point per start, the last columns' included
+        log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
+    return rounds, starts_run
+
+
+def faint_noise(fac: Factorisation) -> bool:
+    """Whether the noise, if any, is too faint to steer the sign search: the weakest sample's
+    singular value stands ``_FAINT_NOISE`` times above the noise's edge. Its null steps then
+    run on rows of U (see ``sign_search``'s ``engine_rows``).
+
+    Measured: DP-SGD puts the weakest sample 5 to 12 times above the edge at sigma=1e-4, B=20,
+    m=200 and 230 to 280 times at sigma=1e-6, B=150, m=4000, where rows of U S keep every
+    sample near-exact (on rows of U one of three seeds fell to 15 dB); a float32 client's
+    update taken as the float64 difference of its weights, 1,800 to 12,000 times, and once the
+    network has trained 300 SGD steps its search on rows of U S found 69.5% of samples
+    near-exact (10 seeds), on rows of U 98.5%.
+    """
+    weakest = float(fac.singular_values[fac.batch_size - 1])
+    return not fac.noise_std or weakest >= _FAINT_NOISE * fac.noise_edge
+
+
+def budget_clock(kind: str) -> Callable[[], float]:
+    """Seconds spent since now, on the clock the time budget counts (see ``budget_clock``)."""
+    if kind == "wall":
+        origin = time.perf_counter()
+        return lambda: time.perf_counter() - origin
+    origin = time.process_time()
+    threads = max(1, torch.get_num_threads())
+    return lambda: (time.process_time() - origin) / threads

@@ -1,0 +1,282 @@
+"""The stages of one SPEAR++ attack, in the order :func:`attacks.spearpp.engine.run_spearpp`
+runs them, each over the one :class:`~attacks.spearpp.state.SpearState`: the search's set-up
+after the factorisation, the sign-consistency rounds, passes of random starts, the selection of
+B columns and the inputs they give, and the repair of a full pool that holds a mix."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from attacks.result import Reconstruction
+from attacks.spearpp.certify import (
+    EXACT_MATCHING,
+    MIX_SUSPECTS,
+    REPAIR_PATIENCE,
+    REPAIRS,
+    coarse_certificate,
+    evict_mismatched,
+)
+from attacks.spearpp.config import SpearConfig
+from attacks.spearpp.deflate import complement_probes
+from attacks.spearpp.factor import Factorisation
+from attacks.spearpp.harvest import Clock, Harvester
+from attacks.spearpp.inputs import LayerObservation
+from attacks.spearpp.pool import ColumnPool
+from attacks.spearpp.refine import ZeroRule
+from attacks.spearpp.rounds import (
+    budget_clock,
+    complement_round,
+    deflate,
+    faint_noise,
+    few_missing,
+    sign_rounds,
+)
+from attacks.spearpp.search import random_starts, run_search
+from attacks.spearpp.signs import SignGeometry
+from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs
+from attacks.spearpp.state import SpearState
+
+log = logging.getLogger(__name__)
+
+# Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
+# two columns missing the complement is a line or a plane, and starts must still differ.
+_START_SPREAD = 0.5
+
+
+def settings_of(
+    obs: LayerObservation,
+    config: SpearConfig,
+    fac: Factorisation,
+    batch_size: int | None,
+    declared_noise: float | None,
+) -> tuple[dict[str, Any], str, bool]:
+    """The settings every record carries, the null steps' rule and whether the scales come
+    from the next layer's bias gradient too."""
+    noise_std = fac.noise_std  # declared, or fitted to the spectrum
+    # Without noise the bias gradient fixes the scales exactly already.
+    next_layer = config.next_layer_scale and obs.next_layer is not None and bool(noise_std)
+    null_step = config.null_step
+    if null_step == "auto":  # see SpearConfig.null_step
+        null_step = "inverse"
+    settings = {
+        **config.as_dict(),
+        "refinement": config.refinement,
+        "device_used": str(obs.grad_weight.device),
+        "declared_batch_size": batch_size,
+        "declared_noise_std": declared_noise,
+        "precision": obs.precision,
+        "precision_from": obs.precision_from,
+        "null_step_used": null_step,
+        "scales_from": "this and the next layer's bias gradients"
+        if next_layer
+        else "bias gradient",
+    }
+    return settings, null_step, next_layer
+
+
+def nothing_to_attack(
+    obs: LayerObservation,
+    fac: Factorisation,
+    clock: Clock,
+    started: float,
+    settings: dict[str, Any],
+) -> Reconstruction:
+    """The reconstruction of a gradient in which no sample stands above the noise."""
+    clock.seconds["total"] = time.perf_counter() - started
+    return Reconstruction(
+        inputs=torch.zeros(0, obs.input_dim, dtype=torch.float64),
+        batch_size=0,
+        batch_size_method=fac.method,
+        status="failed",
+        confidence=torch.zeros(0, dtype=torch.float64),
+        verified=torch.zeros(0, dtype=torch.bool),
+        certified=torch.zeros(0, dtype=torch.bool),
+        timings=clock.seconds,
+        counts={"starts": 0, "passes": 0, "candidates": 0, "unique": 0, "selected": 0},
+        settings=settings,
+        reason="no singular value of the gradient stands above the noise",
+        **fac.report(),
+    )
+
+
+def prepared(
+    obs: LayerObservation,
+    config: SpearConfig,
+    fac: Factorisation,
+    clock: Clock,
+    generator: torch.Generator,
+    started: float,
+    chosen: tuple[dict[str, Any], str, bool],
+) -> SpearState:
+    """The search's state once the gradient is factorised: the zero rule, the empty pool, the
+    harvester, and the time budget's clock, started now."""
+    settings, null_step, next_layer = chosen
+    b, left, noise_std = fac.batch_size, fac.left, fac.noise_std
+    rule = ZeroRule(
+        relative=config.zero_tol or obs.precision,
+        # A float32 gradient's round-off is noise to its weak samples' zeros (see
+        # Factorisation.roundoff_std): every check works as under noise of that level.
+        noise_std=float(noise_std or 0.0) or fac.roundoff_std,
+        inverse_singular=1.0 / fac.singular_values[:b],
+    )
+    pool = ColumnPool(b, obs.grad_weight.device, spares=2 * b, same_cosine=rule.same_column_cosine)
+    search_left = left.to(getattr(torch, config.search_dtype))
+    harvest = Harvester(left, search_left, rule, config, pool, clock, generator)
+    harvest.engine_rows = faint_noise(fac)
+    harvest.inputs = (fac.right, obs.grad_bias, obs.weight, obs.bias)
+    spent = budget_clock(config.budget_clock)
+
+    def out_of_time() -> bool:
+        budget = config.time_budget_s
+        return budget is not None and spent() > budget
+
+    return SpearState(
+        obs=obs,
+        config=config,
+        generator=generator,
+        clock=clock,
+        started=started,
+        fac=fac,
+        settings=settings,
+        null_step=null_step,
+        next_layer=next_layer,
+        rule=rule,
+        pool=pool,
+        harvest=harvest,
+        out_of_time=out_of_time,
+    )
+
+
+def search_signs(state: SpearState) -> None:
+    """Rounds of the sign-consistency search until the pool is full or they stall."""
+    obs, harvest, b = state.obs, state.harvest, state.batch_size
+    with state.clock.stage("search"):
+        # Under noise the fits stay linear: the halfspace thresholds there
+        # (harvest._NOISY_MIN_AGREEMENT) were measured so, and DP sigma=1e-4 fell below 90%
+        # near-exact with affine ones.
+        bias = None if state.rule.noise_std else obs.bias
+        state.geom = geom = SignGeometry.build(state.fac.left, state.fac.right, obs.weight, bias)
+    harvest.pre = geom.affine()
+    state.sign_rounds, state.sign_starts = sign_rounds(
+        harvest, geom, b, state.generator, state.out_of_time, state.null_step
+    )
+    if few_missing(state.config, b, len(state.pool)):
+        deflate(harvest, b, state.generator)
+    log.info(
+        "SPEAR++ sign search: %d of %d columns verified in %d rounds (%.1f s)",
+        len(state.pool),
+        b,
+        state.sign_rounds,
+        time.perf_counter() - state.started,
+    )
+
+
+def search_passes(state: SpearState) -> None:
+    """Passes of random starts (orthogonal to the columns found, with ``deflate``) until the
+    pool is full, ``max_passes`` ran or the time budget is spent."""
+    config, pool, harvest, b = state.config, state.pool, state.harvest, state.batch_size
+    generator, out_of_time = state.generator, state.out_of_time
+    chunk = max(1, min(config.starts, config.max_elements // state.obs.width))
+    search_left = harvest.search_left
+    while state.passes < config.max_passes and len(pool) < b:
+        if out_of_time():
+            log.info(
+                "time budget of %.0f s spent after %d passes", config.time_budget_s, state.passes
+            )
+            break
+        state.passes += 1
+        for offset in range(0, config.starts, chunk):
+            if offset and out_of_time():
+                break
+            count = min(chunk, config.starts - offset)
+            # Once columns are known, start orthogonal to all of them: uniform starts fall
+            # mostly back into the large basins of columns already found.
+            fresh = (
+                complement_probes(pool.columns, count, generator, spread=_START_SPREAD)
+                if config.deflate and len(pool)
+                else random_starts(count, b, generator)
+            )
+            with state.clock.stage("search"):
+                points = run_search(search_left, fresh, config, harvest)
+            harvest(points, final=True)
+            state.starts += count
+            if len(pool) >= b:
+                break
+        if few_missing(config, b, len(pool)):
+            deflate(harvest, b, generator)
+            if state.geom is not None:
+                complement_round(harvest, state.geom, generator, state.null_step)
+        log.info(
+            "SPEAR++ pass %d/%d: %d of %d columns verified (%d starts, %.1f s)",
+            state.passes,
+            config.max_passes,
+            len(pool),
+            b,
+            state.starts,
+            time.perf_counter() - state.started,
+        )
+
+
+def select_and_solve(state: SpearState) -> None:
+    """The pool's columns, B of them, and the inputs they give (``state.found``,
+    ``.columns``, ``.solution``)."""
+    found, columns, solution = _selected(state)
+    state.found, state.columns, state.solution = found, columns, solution
+
+
+def _selected(state: SpearState) -> tuple[int, torch.Tensor, Any]:
+    pool, harvest, b, obs, fac = state.pool, state.harvest, state.batch_size, state.obs, state.fac
+    with state.clock.stage("select"):
+        found = len(pool)
+        order = pool.zeros.argsort(descending=True)
+        if found > b:
+            columns, solution = greedy_select(
+                pool.columns[order], b, fac.left, fac.right, obs, state.rule,
+                state.config.selection_sweeps,
+            )  # fmt: skip
+        elif found == b - 1 and harvest.unpinned is not None:
+            columns = torch.cat([pool.columns[order], harvest.unpinned.column[None]])
+        else:
+            columns = complete_basis(pool.columns[order], pool.spares(), b)
+    with state.clock.stage("solve"):
+        if found <= b or state.next_layer:
+            solution = solve_inputs(columns, fac.left, fac.right, obs, state.rule, state.next_layer)
+    return found, columns, solution
+
+
+def repair(state: SpearState) -> None:
+    """Evict a mix from a full pool whose samples do not all match, search on, and keep the
+    new selection where it matches better (at most ``REPAIRS`` times)."""
+    b, geom = state.batch_size, state.geom
+    while (
+        coarse_certificate(state)
+        and geom is not None
+        and state.found >= b
+        and state.solution is not None
+        and 0 < int((state.solution.matching < EXACT_MATCHING).sum()) <= MIX_SUSPECTS
+        and state.repairs < REPAIRS
+        and not state.out_of_time()
+    ):
+        # A full pool whose samples do not all match holds a mix that passed the noise-level
+        # certificate: evict it and the samples it corrupts, and search on (DP sigma=1e-6,
+        # B=150, m=4000: one mix, two samples under 0.95, 149 of 150 near-exact).
+        assert state.columns is not None
+        state.repairs += 1
+        evict_mismatched(state.pool, state.columns, state.solution.matching < EXACT_MATCHING)
+        state.harvest.reopen()
+        more_rounds, more_starts = sign_rounds(
+            state.harvest, geom, b, state.generator, state.out_of_time, state.null_step,
+            REPAIR_PATIENCE,
+        )  # fmt: skip
+        state.sign_rounds += more_rounds
+        state.sign_starts += more_starts
+        if few_missing(state.config, b, len(state.pool)):
+            deflate(state.harvest, b, state.generator)
+        again = _selected(state)
+        if again[0] < b or float(again[2].matching.min()) <= float(state.solution.matching.min()):
+            break  # no better: keep what the search had before
+        state.found, state.columns, state.solution = again
