@@ -3,7 +3,7 @@
 The federation runs on ``flwr run`` with the simulation runtime
 (:mod:`fl_sim.apps.flwr_simulation`) unless the scenario needs Flower's deprecated
 ``run_simulation`` (:mod:`fl_sim.apps.in_process`: SecAgg+, central DP, a Ray cluster);
-:func:`~fl_sim.apps.flwr_simulation.choose_runtime` decides, or the caller forces one.
+:func:`~fl_sim.apps.runtime.choose_runtime` decides, or the caller forces one.
 
 However the run ends (every round done, Ctrl-C, an error) the directory gets its plots and
 ``report.html`` from what was recorded; a run that did not finish raises :class:`RunStoppedError`
@@ -19,16 +19,10 @@ from typing import Any
 
 from fl_sim import rundir
 from fl_sim.apps.client import make_client_app
-from fl_sim.apps.flwr_simulation import (
-    AUTO,
-    FLWR,
-    RUNTIME_LABELS,
-    FlwrSimulation,
-    choose_runtime,
-    legacy_reasons,
-)
+from fl_sim.apps.flwr_simulation import FlwrSimulation
 from fl_sim.apps.in_process import simulate
 from fl_sim.apps.interruption import Interruption
+from fl_sim.apps.runtime import AUTO, FLWR, RUNTIME_LABELS, choose_runtime, legacy_reasons
 from fl_sim.apps.server import make_server_app
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import federated_data
@@ -83,7 +77,7 @@ def run_scenario(
 
     Raises
     ------
-    fl_sim.apps.flwr_simulation.RuntimeChoiceError
+    fl_sim.apps.runtime.RuntimeChoiceError
         Before anything ran, when ``runtime`` cannot run the scenario.
     RunStoppedError
         After Ctrl-C (the server stops at its next wait for replies; attacks in flight are

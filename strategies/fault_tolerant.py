@@ -10,6 +10,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from clients.reply import AUDIT, CLIENT, PARTITION_ID
+from strategies.core import Partitions
 from strategies.screening import LeftOut, SentShapes, record_of, screen
 from strategies.wrapper import StrategyWrapper
 
@@ -36,15 +37,22 @@ class FaultTolerant(StrategyWrapper):
     sink
         Receives each reply left out; an exception in it is logged and never reaches the
         federation.
+    partitions
+        Which client each node is, learnt from every reply that says: Flower's error replies
+        carry no content, so this is how one of them is attributed to its client (shared with
+        the rest of the server; default: its own).
     """
 
-    def __init__(self, strategy: Strategy, sink: FaultSink | None = None) -> None:
+    def __init__(
+        self,
+        strategy: Strategy,
+        sink: FaultSink | None = None,
+        partitions: Partitions | None = None,
+    ) -> None:
         self.strategy = strategy
         self.sink = sink
         self._sent: SentShapes = {}
-        # Node id -> partition id, from every reply that said: Flower's error replies carry no
-        # content, so this is how one of them is attributed to its client.
-        self._clients: dict[int, int] = {}
+        self.partitions = partitions or Partitions()
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -63,9 +71,7 @@ class FaultTolerant(StrategyWrapper):
         for msg in replies:
             node = int(msg.metadata.src_node_id)
             declared = record_of(msg, CLIENT)
-            client = declared.get(PARTITION_ID)
-            if isinstance(client, int):
-                self._clients[node] = client
+            self.partitions.learn(node, declared.get(PARTITION_ID))
             found = screen(msg, self._sent)
             if found is None:
                 keep.append(msg)
@@ -74,7 +80,7 @@ class FaultTolerant(StrategyWrapper):
             fault = LeftOut(
                 server_round=server_round,
                 node_id=node,
-                client=self._clients.get(node),
+                client=self.partitions.of(node),
                 status=status,
                 reason=reason,
                 declared=declared,

@@ -220,7 +220,7 @@ def test_under_the_message_api_each_node_gets_its_own_layer_and_the_model_stays_
         for key, value in honest.items():  # honest + the weighted mean update, by hand
             mean = sum(e * updates[n][key] for n, e in zip(nodes, examples, strict=True))
             assert np.allclose(arrays[key].numpy(), value + mean / sum(examples), atol=1e-12)
-    assert core.client_of == dict(zip(nodes, clients, strict=True))
+    assert core.partitions.known() == dict(zip(nodes, clients, strict=True))
 
 
 def test_the_check_fires_on_tampered_layers_and_stays_quiet_on_honest_ones() -> None:

@@ -20,13 +20,8 @@ from typing import Any
 import pytest
 
 from fl_sim import cli, rundir
-from fl_sim.apps.flwr_simulation import (
-    FlwrRunError,
-    FlwrSimulation,
-    RuntimeChoiceError,
-    choose_runtime,
-    legacy_reasons,
-)
+from fl_sim.apps.flwr_simulation import FlwrRunError, FlwrSimulation
+from fl_sim.apps.runtime import RuntimeChoiceError, choose_runtime, legacy_reasons
 from fl_sim.apps.superlink import stop_superlink, superlink_pids
 from fl_sim.config import parse_scenario
 from fl_sim.proctree import descendants, stop_trees

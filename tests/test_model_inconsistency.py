@@ -211,7 +211,7 @@ def test_the_legacy_wrapper_sends_each_proxy_its_model_and_the_sum_is_the_target
                 (aggregate.sent_bias - aggregate.bias) / LR, share * grads[TARGET][1], atol=1e-12
             )
         honest = parameters_to_ndarrays(parameters)
-    assert core.client_of == {node: i for i, node in enumerate(NODES)}
+    assert core.partitions.known() == {node: i for i, node in enumerate(NODES)}
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

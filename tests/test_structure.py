@@ -9,7 +9,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
-    "fl_sim/apps/flwr_simulation.py": 508,
     "attacks/spearpp/refine.py": 531,
     "attacks/spearpp/signs.py": 525,
     "attacks/spearpp/factor.py": 475,

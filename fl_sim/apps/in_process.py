@@ -7,7 +7,7 @@ central DP: their client mods are fixed when the ClientApp is built, and the mod
 ClientApp ``flwr run`` loads is built before any run config names the scenario), a Ray
 cluster to join (Flower's federation config takes no Ray address; flwr run on a cluster is
 not tried) or a fraction of a CPU per client; or when ``--runtime legacy`` asks for this one
-(:func:`fl_sim.apps.flwr_simulation.choose_runtime`). docs/deployment.md ("fl-sim run on flwr run")
+(:func:`fl_sim.apps.runtime.choose_runtime`). docs/deployment.md ("fl-sim run on flwr run")
 gives what was measured.
 """
 

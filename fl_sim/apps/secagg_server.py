@@ -33,7 +33,7 @@ from fl_sim.audit.auditor import Auditor
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.config.schema import Scenario
 from strategies import InterceptedAggregate, LeftOut
-from strategies.core import ServerCore
+from strategies.core import Partitions, ServerCore
 from strategies.legacy import AggregateCurious, LegacyTampering
 
 log = logging.getLogger(__name__)
@@ -60,21 +60,22 @@ class _Dropouts:
     """Who dropped out of each round: a node the cohort's earlier sums named, else the one
     partition missing from the sum (every client is sampled every round)."""
 
-    def __init__(self, count: int, left_out: Callable[[LeftOut], None]) -> None:
+    def __init__(
+        self, count: int, left_out: Callable[[LeftOut], None], partitions: Partitions
+    ) -> None:
         self.count = count
         self.left_out = left_out
-        self.partition_of: dict[int, int] = {}
+        self.partitions = partitions
 
     def __call__(self, aggregate: InterceptedAggregate) -> None:
         summed = set()
         for node, declared in zip(aggregate.node_ids, aggregate.declared, strict=True):
             client = int(declared[PARTITION_ID])
-            self.partition_of[node] = client
+            self.partitions.learn(node, client)
             summed.add(client)
         missing = set(range(self.count)) - summed
-        known: dict[int, int] = {
-            n: self.partition_of[n] for n in aggregate.dropped if n in self.partition_of
-        }
+        of = self.partitions.known()
+        known: dict[int, int] = {n: of[n] for n in aggregate.dropped if n in of}
         unknown = [n for n in aggregate.dropped if n not in known]
         left = sorted(missing - set(known.values()))
         if len(unknown) == 1 and len(left) == 1:
@@ -132,7 +133,7 @@ def federate_secagg(
         initial_parameters=ndarrays_to_parameters(start.to_numpy_ndarrays()),
         fit_metrics_aggregation_fn=recorder.legacy_client_metrics,
     )
-    dropouts = _Dropouts(n, left_out)
+    dropouts = _Dropouts(n, left_out, core.partitions)
 
     def sink(aggregate: InterceptedAggregate) -> None:
         dropouts(aggregate)

@@ -143,7 +143,7 @@ def _federate(
                 grid, context, scenario, recorder, auditor, start, layer, left_out, core
             )
         else:
-            result = FaultTolerant(strategy, left_out).start(
+            result = FaultTolerant(strategy, left_out, core.partitions).start(
                 grid=grid,
                 initial_arrays=start,
                 num_rounds=scenario.rounds,

@@ -3,6 +3,7 @@ taken at, how the global model is kept honest. Flower's two server APIs (the Mes
 strategies, the legacy one SecAgg+ drives) are thin adapters over it."""
 
 from strategies.core.aggregate import InterceptedAggregate
+from strategies.core.partitions import Partitions
 from strategies.core.server import (
     SentSum,
     ServerCore,
@@ -13,6 +14,7 @@ from strategies.core.server import (
 
 __all__ = [
     "InterceptedAggregate",
+    "Partitions",
     "SentSum",
     "ServerCore",
     "never_fires",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strategies.behaviours import BEHAVIOURS, BehaviourSettings
+from strategies.core.partitions import Partitions
 
 Layer = tuple[np.ndarray, np.ndarray]
 
@@ -50,6 +51,8 @@ class ServerCore:
         behaviour's statistics.
     seed
         Seeds the behaviour's randomness: round r draws from ``default_rng([seed, r])``.
+    partitions
+        Which client each node is (shared with the rest of the server; default: its own).
 
     Notes
     -----
@@ -58,19 +61,24 @@ class ServerCore:
     behaviour.
     """
 
-    def __init__(self, settings: BehaviourSettings, public: np.ndarray, seed: int) -> None:
+    def __init__(
+        self,
+        settings: BehaviourSettings,
+        public: np.ndarray,
+        seed: int,
+        partitions: Partitions | None = None,
+    ) -> None:
         self.settings = settings
         self.behaviour = BEHAVIOURS[settings.behaviour]
         self.public = public
         self.seed = seed
-        self.client_of: dict[int, int] = {}
+        self.partitions = partitions or Partitions()
         self._honest: dict[int, Layer] = {}
         self._sent: dict[int, dict[int | None, Layer]] = {}
 
     def received(self, node: int, client: object) -> None:
         """Learn that ``node`` is client ``client`` (ignored unless an int partition id)."""
-        if isinstance(client, int) and not isinstance(client, bool):
-            self.client_of[node] = client
+        self.partitions.learn(node, client)
 
     def send(
         self, server_round: int, nodes: Sequence[int], weight: np.ndarray, bias: np.ndarray
@@ -80,7 +88,7 @@ class ServerCore:
         Only this round's layers are kept."""
         rng = np.random.default_rng([self.seed, server_round])
         keys: list[int | None] = [*nodes, None]
-        clients = [None if n is None else self.client_of.get(n) for n in keys]
+        clients = [None if n is None else self.partitions.of(n) for n in keys]
         layers = self.behaviour.layers(clients, weight, bias, self.public, self.settings, rng)
         self._honest = {server_round: (weight, bias)}
         self._sent = {
