@@ -20,6 +20,7 @@ from fl_sim.cli import (
     report,
     run,
 )
+from fl_sim.cli.errors import BadInput
 from fl_sim.report import compare
 from fl_sim.terminal import configure_logging
 
@@ -74,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     # fl-sim run shows its progress instead of INFO lines; the benchmarks log theirs.
     quiet = args.quiet or (args.command == "run" and not args.verbose)
     configure_logging(logging.WARNING if quiet else logging.INFO)
-    code = int(args.func(args))
+    try:
+        code = int(args.func(args))
+    except BadInput as err:  # one line, exit status 2 (the interpreter prints nothing for it)
+        print(err, file=sys.stderr)
+        raise
     if argv is None and args.command == "run" and code == _exit_interrupted():
         # Ctrl-C also stopped Ray's processes, and Ray's native threads then crashed the
         # interpreter's own shutdown in one run of four here (exit 139, after every file was

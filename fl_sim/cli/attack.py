@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from attacks import SpearConfig
+from fl_sim.cli.errors import BadInput
 
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,9 +36,9 @@ def _main(args: argparse.Namespace) -> int:
         config = SpearConfig(device=args.device, time_budget_s=args.time_budget)
         result = attack_update(update, out, config)
     except (UpdateFileError, AttackInputError) as err:
-        raise SystemExit(f"fl-sim attack: {path}: {err}") from None
+        raise BadInput(f"fl-sim attack: {path}: {err}") from None
     except ValueError as err:  # a bad --device or --time-budget
-        raise SystemExit(f"fl-sim attack: {err}") from None
+        raise BadInput(f"fl-sim attack: {err}") from None
     inferred = result["inferred"]
     print(
         f"{result['status']}: {result['certified']} of {result['batch_size_estimated']} samples "

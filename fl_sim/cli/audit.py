@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fl_sim.cli.errors import BadInput
 from fl_sim.cli.summary import print_summary
 
 
@@ -26,7 +27,9 @@ def _main(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     try:
         queued = reaudit(run_dir, redo=args.redo)
-    except (FileNotFoundError, AuditBusyError) as err:
+    except FileNotFoundError as err:  # nothing in RUN_DIR says how to audit it
+        raise BadInput(f"fl-sim audit: {err}") from None
+    except AuditBusyError as err:
         raise SystemExit(f"fl-sim audit: {err}") from None
     print(f"{queued} updates attacked")
     build_report(run_dir)

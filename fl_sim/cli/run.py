@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fl_sim.cli.errors import BadInput
 from fl_sim.cli.summary import print_summary
 
 
@@ -39,7 +40,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         scenario, resolved = load_scenario(Path(args.config), args.set or ())
     except ConfigError as err:
-        raise SystemExit(f"fl-sim run: {err}") from None
+        raise BadInput(f"fl-sim run: {err}") from None
     try:
         run_dir = run_scenario(
             scenario,
@@ -49,7 +50,7 @@ def _main(args: argparse.Namespace) -> int:
             runtime=args.runtime,
         )
     except ConfigError as err:  # a runtime that cannot run the scenario: nothing ran
-        raise SystemExit(f"fl-sim run: {err}") from None
+        raise BadInput(f"fl-sim run: {err}") from None
     except RunStoppedError as stopped:
         print_summary(stopped.run_dir)
         print(
