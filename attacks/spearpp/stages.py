@@ -37,7 +37,7 @@ from attacks.spearpp.rounds import (
 )
 from attacks.spearpp.search import random_starts, run_search
 from attacks.spearpp.signs import SignGeometry
-from attacks.spearpp.solve import complete_basis, greedy_select, solve_inputs
+from attacks.spearpp.solve import Solution, complete_basis, greedy_select, solve_inputs
 from attacks.spearpp.state import SpearState
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def select_and_solve(state: SpearState) -> None:
     state.found, state.columns, state.solution = found, columns, solution
 
 
-def _selected(state: SpearState) -> tuple[int, torch.Tensor, Any]:
+def _selected(state: SpearState) -> tuple[int, torch.Tensor, Solution]:
     pool, harvest, b, obs, fac = state.pool, state.harvest, state.batch_size, state.obs, state.fac
     with state.clock.stage("select"):
         found = len(pool)
