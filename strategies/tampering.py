@@ -11,16 +11,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from clients.reply import CLIENT, PARTITION_ID
+from clients.reply import ARRAYS, CLIENT, METRICS, NUM_EXAMPLES, PARTITION_ID
 from strategies.core import ServerCore, same_layer
 from strategies.screening import record_of
 from strategies.wrapper import StrategyWrapper
 
 log = logging.getLogger(__name__)
-
-# Where Flower's strategies put the arrays and the weight of a reply (FedAvg's defaults).
-ARRAYS = "arrays"
-NUM_EXAMPLES = "num-examples"
 
 
 class Tampering(StrategyWrapper):
@@ -85,7 +81,7 @@ class Tampering(StrategyWrapper):
         replies = list(replies)
         for msg in replies:
             node = int(msg.metadata.src_node_id)
-            self.core.received(node, record_of(msg, CLIENT).get(PARTITION_ID))
+            self.core.partitions.learn(node, record_of(msg, CLIENT).get(PARTITION_ID))
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if arrays is None:
             return arrays, metrics
@@ -113,9 +109,9 @@ def _with(
 
 
 def _examples(msg: Message) -> float:
-    # FedAvg's weight of a reply: its metric record's num-examples (the screening upstream
-    # leaves out any reply without a positive one).
-    value = next(iter(msg.content.metric_records.values()))[NUM_EXAMPLES]
+    # FedAvg's weight of a reply (strategies.screening leaves out any reply without a
+    # positive one).
+    value = msg.content.metric_records[METRICS][NUM_EXAMPLES]
     if not isinstance(value, int | float):
         raise TypeError(f"{NUM_EXAMPLES} = {value!r}: a number is needed")
     return float(value)

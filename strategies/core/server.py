@@ -57,7 +57,7 @@ class ServerCore:
     Notes
     -----
     The server tells which client a node is from what the node declares in the clear with each
-    reply (its partition id, :meth:`received`); a node not yet seen is ``None`` to the
+    reply (its partition id, :attr:`partitions`); a node not yet seen is ``None`` to the
     behaviour.
     """
 
@@ -75,10 +75,6 @@ class ServerCore:
         self.partitions = partitions or Partitions()
         self._honest: dict[int, Layer] = {}
         self._sent: dict[int, dict[int | None, Layer]] = {}
-
-    def received(self, node: int, client: object) -> None:
-        """Learn that ``node`` is client ``client`` (ignored unless an int partition id)."""
-        self.partitions.learn(node, client)
 
     def send(
         self, server_round: int, nodes: Sequence[int], weight: np.ndarray, bias: np.ndarray
@@ -117,34 +113,37 @@ class ServerCore:
         """What the sum of the replies of ``weights``' nodes, each weighted by its weight, was
         taken at (the weights need not sum to 1)."""
         layers = [self.sent_to(server_round, node) for node, _ in weights]
-        if all(same_layer(layer, layers[0]) for layer in layers[1:]):
-            # One layer for all: its weighted mean is itself, with no rounding.
-            weight, bias = (a.astype(np.float64) for a in layers[0])
-        else:
-            total = float(sum(w for _, w in weights))
-            weight, bias = (
-                np.sum(
-                    [
-                        w * layer[i].astype(np.float64)
-                        for (_, w), layer in zip(weights, layers, strict=True)
-                    ],
-                    axis=0,
-                )
-                / total
-                for i in (0, 1)
-            )
+        weight, bias = _weighted_mean(layers, [w for _, w in weights])
         return SentSum(weight, bias, single_trained_layer(layers))
 
     def honest_shift(self, server_round: int, weights: Sequence[tuple[int, float]]) -> Layer:
         """What to add (float64) to the weighted mean of the replies of ``weights``' nodes to
         make it the honest layer plus their mean update: honest minus the weighted mean of
         what they were sent."""
-        sent = self.summed(server_round, weights)
+        layers = [self.sent_to(server_round, node) for node, _ in weights]
+        sent_weight, sent_bias = _weighted_mean(layers, [w for _, w in weights])
         honest_weight, honest_bias = self._honest[server_round]
         return (
-            honest_weight.astype(np.float64) - sent.weight,
-            honest_bias.astype(np.float64) - sent.bias,
+            honest_weight.astype(np.float64) - sent_weight,
+            honest_bias.astype(np.float64) - sent_bias,
         )
+
+
+def _weighted_mean(layers: Sequence[Layer], weights: Sequence[float]) -> Layer:
+    """The layers' weighted mean, in float64."""
+    if all(same_layer(layer, layers[0]) for layer in layers[1:]):
+        # One layer for all: its weighted mean is itself, with no rounding.
+        return layers[0][0].astype(np.float64), layers[0][1].astype(np.float64)
+    total = float(sum(weights))
+    weight, bias = (
+        np.sum(
+            [w * layer[i].astype(np.float64) for w, layer in zip(weights, layers, strict=True)],
+            axis=0,
+        )
+        / total
+        for i in (0, 1)
+    )
+    return weight, bias
 
 
 def same_layer(a: Layer, b: Layer) -> bool:
@@ -165,10 +164,13 @@ def single_trained_layer(layers: Sequence[Layer]) -> Layer | None:
     they were sent different ones (or none can train): then no single layer explains their
     sum. A layer that never fires leaves its clients' updates of it zero, so a server that
     sends it to all but one client (``isolate``) attacks the target's layer."""
-    live = [layer for layer in layers if not never_fires(*layer)]
-    if not live:
+    # Each distinct layer once: a round's clients mostly share one (the same arrays).
+    distinct: list[Layer] = []
+    for layer in layers:
+        if not any(same_layer(layer, seen) for seen in distinct):
+            distinct.append(layer)
+    live = [layer for layer in distinct if not never_fires(*layer)]
+    if len(live) != 1:
         return None
     weight, bias = live[0]
-    if any(not (np.array_equal(w, weight) and np.array_equal(b, bias)) for w, b in live[1:]):
-        return None
     return weight.astype(np.float64), bias.astype(np.float64)

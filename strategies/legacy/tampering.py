@@ -75,7 +75,7 @@ class LegacyTampering(LegacyWrapper):
         """Learn who each summed node is; the wrapped aggregate moved back by (honest - the
         weighted mean of what the summed clients were sent)."""
         for proxy, res in results:
-            self.core.received(proxy.node_id, res.metrics.get(PARTITION_ID))
+            self.core.partitions.learn(proxy.node_id, res.metrics.get(PARTITION_ID))
         parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
         if parameters is None or not results:
             return parameters, metrics
