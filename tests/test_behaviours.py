@@ -271,14 +271,10 @@ def test_the_analytic_attack_recovers_exactly_each_sample_a_trap_neuron_isolates
     assert float(errors.max()) < 1e-8 and bool(rec.certified.all())
 
 
-# Two of the eight in the default run (a federation costs about half a minute): the trap's
-# recovery and per-client models under the Message API; the rest with -m slow.
+# One of the eight in the default run (a federation costs about half a minute): the trap's
+# recovery under the Message API; the rest, per-client models included, with -m slow.
 STACKS = [
-    pytest.param(
-        b,
-        s,
-        marks=() if (b, s) in {("trap", "message"), ("isolate", "message")} else pytest.mark.slow,
-    )
+    pytest.param(b, s, marks=() if (b, s) == ("trap", "message") else pytest.mark.slow)
     for b in ("honest", "sparsify", "trap", "isolate")
     for s in ("message", "secagg")
 ]
