@@ -73,3 +73,29 @@ def test_a_certificate_is_wrong_under_100_db_in_float64_and_under_40_in_float32(
     assert "| row | w | 50.0% | 100.0% | 100.0% | 4 |" in text  # 3 in float64 + 1 in float32
     assert "| f64 B=10 | 1 | 50.0% | 100.0% | 100.0% | 3 | 2.0 |" in text
     assert "| f32 B=10 | 1 | 50.0% | 100.0% | 100.0% | 1 | 2.0 |" in text
+
+
+def test_a_secagg_row_counts_the_points_attacked_not_the_skipped_ones(tmp_path: Path) -> None:
+    folder = tmp_path / "results" / "sum"
+    folder.mkdir(parents=True)
+    point = {"width": 1000, "cohort": 2, "batch_per_client": 4, "samples": 8}
+    run = {
+        "meta": {"hardware": {"processor": "x86_64", "cpu_threads": 1, "torch": "2"}},
+        "plan": {
+            "time_budget_s": 30.0,
+            "secagg": {"max_weight": 64.0, "quantization_range": 2**26, "clipping_range": 8.0},
+        },
+        "rows": [
+            {**point, "status": "exact", "share_exact": 0.5, "share_near_exact": 1.0,
+             "seconds_attack": 1.25},
+            {**point, "cohort": 64, "samples": 256, "status": "skipped"},
+        ],
+    }  # fmt: skip
+    (folder / "secagg.json").write_text(json.dumps(run))
+    targets = tmp_path / "targets.toml"
+    targets.write_text('[[row]]\nname = "sum"\nkind = "secagg"\nwhat = "w"\nargs = ["bench"]\n')
+    text = render(load_targets(targets), tmp_path / "results")
+    assert "| sum | w | 50.0% | 100.0% | - | not counted |" in text
+    assert "max_weight 64, 2^26 levels, clip +-8; 30 s per attack" in text
+    assert "| 1000 | 2 | 4 | 8 | exact | 50.0% | 100.0% | 1.2 |" in text
+    assert "| 1000 | 64 | 4 | 256 | skipped | - | - | - |" in text

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
+from fl_sim.bench.secagg import setting_in_words
 from flsim_plugins.settings import Names, Settings, explain
 
 try:
@@ -21,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 # What a row's folder holds, and so how its figures are read.
-Kind = Literal["attack", "certificates", "limits", "folder"]
+Kind = Literal["attack", "certificates", "limits", "secagg", "folder"]
 # The headline of a row whose folder's figures the table does not read.
 NO_HEADLINE = ["-", "-", "-", "-"]
 HEADER = (
@@ -232,6 +233,39 @@ def _limits(folder: Path) -> tuple[list[str], list[str]]:
     return NO_HEADLINE, [*table, "", plot]
 
 
+def _secagg(folder: Path) -> tuple[list[str], list[str]]:
+    run = _read(folder / "secagg.json")
+    attacked = [r for r in run["rows"] if r["status"] != "skipped"]
+    n = sum(r["samples"] for r in attacked)
+    exact = sum(r["share_exact"] * r["samples"] for r in attacked)
+    near = sum(r["share_near_exact"] * r["samples"] for r in attacked)
+    table = [
+        "",
+        _hardware(run["meta"]),
+        "",
+        f"Quantisation: {setting_in_words(run['plan'])}. Points past twice the width's "
+        "one-client limit are skipped.",
+        "",
+        "| m | clients K | B each | samples | attack's status | exact | near-exact | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in run["rows"]:
+        if r["status"] == "skipped":
+            figures = "skipped | - | - | -"
+        else:
+            figures = (
+                f"{r['status']} | {_share(r['share_exact'], 1)} "
+                f"| {_share(r['share_near_exact'], 1)} | {r['seconds_attack']:.1f}"
+            )
+        table.append(
+            f"| {r['width']} | {r['cohort']} | {r['batch_per_client']} | {r['samples']} "
+            f"| {figures} |"
+        )
+    plot = f"![secagg](../bench/results/{folder.name}/secagg.png)"
+    # The bench counts no certificates: the sum's noise is told, the batch size is not.
+    return [_share(exact, n), _share(near, n), "-", "not counted"], [*table, "", plot]
+
+
 def _folder(folder: Path) -> tuple[list[str], list[str]]:
     found = [p.name for p in (folder / "README.md", folder / "summary.md") if p.exists()]
     if not found:
@@ -242,7 +276,13 @@ def _folder(folder: Path) -> tuple[list[str], list[str]]:
     ]
 
 
-_READERS = {"attack": _attack, "certificates": _certificates, "limits": _limits, "folder": _folder}
+_READERS = {
+    "attack": _attack,
+    "certificates": _certificates,
+    "limits": _limits,
+    "secagg": _secagg,
+    "folder": _folder,
+}
 
 
 def stale_folders(targets: Iterable[Target], results: Path) -> list[str]:

@@ -293,7 +293,7 @@ def run_secagg_bench(
     return rows
 
 
-def _setting(plan: dict[str, Any]) -> str:
+def setting_in_words(plan: dict[str, Any]) -> str:
     """A run's quantisation and budget in words, from its ``secagg.json`` plan."""
     q = plan["secagg"]
     levels = int(q["quantization_range"]).bit_length() - 1
@@ -311,7 +311,7 @@ def join_runs(folders: Sequence[Path], out: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for folder in folders:
         run = json.loads((folder / "secagg.json").read_text())
-        setting = _setting(run["plan"])
+        setting = setting_in_words(run["plan"])
         rows += [{**r, "setting": setting, "run": folder.name} for r in run["rows"]]
     panels = sorted({(r["width"], r["setting"]) for r in rows})
     fig = Figure(figsize=(6.2 * 2, 4.4 * ((len(panels) + 1) // 2)))
