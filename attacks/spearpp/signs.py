@@ -47,13 +47,10 @@ _ROWS_PER_COLUMN = 3
 IRLS_STEPS = 3
 # Final iterations whose labels split at each point's jump (the earlier ones at the median).
 JUMP_ITERATIONS = 4
-# Final iterations without deflation. The found samples' input estimates are 12 to 20 degrees
-# off at m / B of 5 to 7 (max-margin fits of B + 1 coordinates to m signs), so the complement
-# they leave misses the unfound columns by several degrees; points need these iterations to
-# reach them. Measured (bench/results/README.md, "what limits the sign search"): rounds with
-# estimated inputs at m=200, B=40 found 10 to 12 of 40 columns with 2, 27 to 35 with 4; the
-# engine at m=1000, B=150, 39 of 150 columns in 250 s with 2, all 150 in 196 s with 4
-# (with exact inputs, deflation finds every column either way).
+# Final iterations without deflation. The found samples' input estimates are degrees off when
+# m / B is small (max-margin fits of B + 1 coordinates to m signs), so the complement they leave
+# misses the unfound columns by as much; points need these iterations to reach them (with
+# exact inputs, deflation finds every column either way). `fl-sim bench reach` measures it.
 FREE_ITERATIONS = 4
 # IRLS weights are capped where |L q| falls below this share of its largest entry.
 _IRLS_FLOOR = 1e-6

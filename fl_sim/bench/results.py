@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 # What a row's folder holds, and so how its figures are read.
-Kind = Literal["attack", "certificates", "limits", "secagg", "folder"]
+Kind = Literal["attack", "certificates", "limits", "secagg", "compare", "folder"]
 # The headline of a row whose folder's figures the table does not read.
 NO_HEADLINE = ["-", "-", "-", "-"]
 HEADER = (
@@ -266,6 +266,30 @@ def _secagg(folder: Path) -> tuple[list[str], list[str]]:
     return [_share(exact, n), _share(near, n), "-", "not counted"], [*table, "", plot]
 
 
+def _compare(folder: Path) -> tuple[list[str], list[str]]:
+    meta = _read(folder / "malicious.json")
+    table = [
+        "",
+        _hardware(meta),
+        "",
+        "| server behaviour | samples | exact | near-exact | most exposed client, exact "
+        "| final accuracy | accuracy cost | clients' check fired |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in _read(folder / "compare.json"):
+        accuracy, cost = (
+            "-" if r[k] is None else f"{r[k]:.3f}" for k in ("final_accuracy", "accuracy_cost")
+        )
+        table.append(
+            f"| {r['behaviour']} | {r['samples']} | {_share(r['share_exact'], 1)} "
+            f"| {_share(r['share_near_exact'], 1)} | {_share(r['most_exposed_share'] or 0, 1)} "
+            f"| {accuracy} | {cost} | {r['replies_flagged']} of {r['replies_checked']} |"
+        )
+    plot = f"![compare](../bench/results/{folder.name}/compare.png)"
+    # One headline would mix behaviours: the table is per behaviour.
+    return NO_HEADLINE, [*table, "", plot]
+
+
 def _folder(folder: Path) -> tuple[list[str], list[str]]:
     found = [p.name for p in (folder / "README.md", folder / "summary.md") if p.exists()]
     if not found:
@@ -281,6 +305,7 @@ _READERS = {
     "certificates": _certificates,
     "limits": _limits,
     "secagg": _secagg,
+    "compare": _compare,
     "folder": _folder,
 }
 

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from fl_sim.bench import certificates, scale, secagg, throughput
+from fl_sim.bench import certificates, malicious, scale, secagg, throughput
 from fl_sim.cli import (
     attack,
     audit,
@@ -33,6 +33,7 @@ BENCH_COMMANDS = (
     throughput,
     scale,
     secagg,
+    malicious,
     certificates,
     bench_results,
 )
