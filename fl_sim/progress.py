@@ -16,7 +16,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn
 
-from fl_sim.rundir import AGGREGATE_VIEW, AUDIT, PROXIES
+from fl_sim.rundir import AGGREGATE_VIEW, AUDIT, PROXIES, REFUSED
 from fl_sim.terminal import CONSOLE
 
 
@@ -27,14 +27,14 @@ def is_attack_outcome(record: dict[str, Any]) -> bool:
     (``view: cohort``) counts."""
     return (
         record.get("attack") is not None
-        and record.get("status") != "refused"
+        and record.get("status") != REFUSED
         and record.get("view") != AGGREGATE_VIEW
     )
 
 
 def is_proxies_outcome(row: dict[str, Any]) -> bool:
     """Whether a row of ``proxies.jsonl`` is what came of a queued proxies job."""
-    return row.get("status") != "refused"
+    return row.get("status") != REFUSED
 
 
 # What each record file counts as done.

@@ -41,6 +41,15 @@ AUDIT = "audit.jsonl"
 # records drawn from it.
 COHORT_VIEW = "cohort"
 AGGREGATE_VIEW = "aggregate"
+# A record's ``status`` when its attack never finished: the run was interrupted while it ran,
+# it was not done ``wait_s`` after the last round, it raised, or the attack refused the update
+# (too large, not kept whole, ...). Any other status is the attack's own verdict.
+INTERRUPTED = "interrupted"
+TIMEOUT = "timeout"
+ERROR = "error"
+REFUSED = "refused"
+# Of those, the ones a resumed audit redoes (their update is kept for it): cut short, not wrong.
+RESUMABLE = frozenset({INTERRUPTED, TIMEOUT})
 # Per attacked batch, each sample's vulnerability proxies (``[audit] proxies``).
 PROXIES = "proxies.jsonl"
 # Derived from AUDIT and PROXIES at the end of an audit (rewritten, not appended).

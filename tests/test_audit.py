@@ -15,7 +15,7 @@ import torch
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.job import AttackJob
-from fl_sim.audit.log import METRIC_KEYS
+from fl_sim.audit.log import METRIC_KEYS, AuditLog
 from fl_sim.audit.reaudit import reaudit
 from fl_sim.audit.runs import AttackRun
 from fl_sim.config import AuditSpec, parse_scenario
@@ -177,6 +177,15 @@ def test_interrupted_audit_resumes_from_stored_updates(tmp_path: Path) -> None:
     assert sorted((r["round"], r["client"]) for r in resumed) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     by_key = {(r["round"], r["client"]): r["psnr_mean"] for r in complete}
     assert all(r["psnr_mean"] == by_key[(r["round"], r["client"])] for r in resumed)
+    # Attacks cut short (interrupted, timed out) are redone, their records replaced.
+    cut = [json.loads(x) for x in (run_dir / AUDIT).read_text().splitlines()]
+    cut[1] |= {"status": "interrupted", "psnr_mean": None}
+    cut[3] |= {"status": "timeout", "psnr_mean": None}
+    (run_dir / AUDIT).write_text("".join(json.dumps(r) + "\n" for r in cut))
+    assert reaudit(run_dir) == 2
+    redone = _records(run_dir)
+    assert len(redone) == 4 and all(r["psnr_mean"] is not None for r in redone)
+    assert all(r["psnr_mean"] == by_key[(r["round"], r["client"])] for r in redone)
     # A run stored before each attack had its table ([audit] starts, ...) resumes as well.
     stored = read_json(run_dir / SCENARIO)
     stored["resolved"]["audit"] = {"starts": 500, "steps": 500, "max_passes": 2,
@@ -206,6 +215,9 @@ def test_left_out_replies_and_interrupted_attacks_are_recorded(tmp_path: Path) -
     assert records[(2, 108)]["status"] == "client-error"  # no client known: its node id
     assert records[(2, 0)]["status"] == "interrupted"
     assert all(set(r) >= REQUIRED for r in records.values())
+    # Without keep_updates, the update of the attack cut short stays for a resumed audit.
+    assert [p.name for p in (tmp_path / "updates").glob("*.npz")] == ["r002-c000.npz"]
+    assert (2, 0, "spearpp") not in AuditLog(tmp_path).done()
 
 
 def test_noise_not_told_reaches_the_attack_as_nothing(tmp_path: Path) -> None:

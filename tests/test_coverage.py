@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from fl_sim.cli.summary import print_summary
-from fl_sim.report.coverage import coverage_note, unaudited
+from fl_sim.report.coverage import (
+    ClientCoverage,
+    client_coverage,
+    coverage_note,
+    coverage_table,
+    unaudited,
+)
 from fl_sim.rundir import AUDIT, CLIENTS, SCENARIO, UPDATES_DIR, write_json, write_jsonl
 
 
@@ -51,3 +57,44 @@ def test_a_whole_audit_or_none_says_nothing(
     cut = _run(tmp_path / "cut", {"attacks": ["spearpp"]}, [])
     print_summary(cut)
     assert "Not audited: 6 client replies" in capsys.readouterr().out
+
+
+def test_each_client_says_what_was_audited_and_why_the_rest_was_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    audit = {"rounds": [1, 2], "attacks": ["spearpp"]}
+    run = _run(tmp_path, audit, [])
+    finished = {"attack": "spearpp", "status": "partial", "defence": "fedsgd"}
+    write_jsonl(
+        run / AUDIT,
+        [
+            {"round": 1, "client": 0, **finished},
+            {"round": 2, "client": 0, "attack": "spearpp", "status": "interrupted"},
+            {"round": 1, "client": 1, "attack": "spearpp", "status": "timeout"},
+            {"round": 1, "client": 1, "attack": "inversion", "status": "exact"},
+            {"round": 2, "client": 1, "attack": None, "status": "client-error"},
+            {"round": 2, "client": -1, "view": "cohort", "attack": "spearpp", "status": "exact"},
+        ],
+    )
+    rows = client_coverage(run)
+    assert rows == [
+        ClientCoverage(0, 3, 1, {"interrupted": [2], "not scheduled": [3]}),
+        ClientCoverage(1, 3, 1, {"client-error": [2], "not scheduled": [3]}),
+    ]
+    note = coverage_note(run)
+    assert "no record" not in note and "attacks cut short (interrupted or timed out): 2" in note
+    table = coverage_table(rows)
+    assert "     0        3       1  interrupted: 2; not scheduled: 3" in table
+    assert table.endswith("2 of 6 replies audited; 1 client-error, 1 interrupted, 2 not scheduled")
+    write_jsonl(run / AUDIT, [{"round": 1, "client": 0, **finished}])
+    assert client_coverage(run)[1].not_audited == {"no record": [1, 2], "not scheduled": [3]}
+    print_summary(run)
+    assert "What the audit does not hold" in capsys.readouterr().out
+
+
+def test_a_whole_audit_has_no_coverage_table(tmp_path: Path) -> None:
+    every = [(r, c) for r in (1, 2, 3) for c in (0, 1)]
+    run = _run(tmp_path, {"attacks": ["spearpp"]}, every)
+    write_jsonl(run / AUDIT, [{"round": r, "client": c, "attack": "spearpp", "status": "exact"}
+                              for r, c in every])  # fmt: skip
+    assert coverage_table(client_coverage(run)) == ""

@@ -29,14 +29,7 @@ from fl_sim.audit.context import AuditContext
 from fl_sim.audit.filing import Filing
 from fl_sim.audit.job import AttackJob, write_arrays
 from fl_sim.audit.judge import Judge, sample_ids, true_batch_size
-from fl_sim.audit.log import (
-    COHORT,
-    INTERRUPTED,
-    PROXY_RUN,
-    AuditLog,
-    new_record,
-    reply_record,
-)
+from fl_sim.audit.log import COHORT, PROXY_RUN, AuditLog, new_record, reply_record
 from fl_sim.audit.proxy_job import ProxyJob, write_proxy_arrays
 from fl_sim.audit.runs import AttackRun, audit_runs
 from fl_sim.audit.threat_model import Sight, ThreatModel, next_layer_helps
@@ -44,7 +37,7 @@ from fl_sim.audit.updates import save_update
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.executors import EXECUTORS, WorkerJob
 from fl_sim.model import array_keys, next_linear
-from fl_sim.rundir import AGGREGATE_VIEW, COHORT_VIEW
+from fl_sim.rundir import AGGREGATE_VIEW, COHORT_VIEW, ERROR, INTERRUPTED, REFUSED, TIMEOUT
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
 
 
@@ -147,7 +140,7 @@ class Auditor:
             record = {**base, "attack": run.attack, **({"loss": run.loss} if run.loss else {})}
             if ATTACKS[run.attack].whole_model and update.arrays is None:
                 self.filing.write(
-                    {**record, "status": "refused", "reason": "the update was not kept whole"},
+                    {**record, "status": REFUSED, "reason": "the update was not kept whole"},
                     run.label,
                 )
                 continue
@@ -163,7 +156,7 @@ class Auditor:
         key = (base["round"], base["client"], PROXY_RUN)
         if self.spec.proxies and runs and key not in self.done:
             if update.sent_arrays is None:
-                self.filing.write_proxies({**base, "status": "refused", "reason": "not kept whole"})
+                self.filing.write_proxies({**base, "status": REFUSED, "reason": "not kept whole"})
             else:
                 row = {k: base[k] for k in ("round", "client", "node_id", "defence")}
                 self._submit(
@@ -238,7 +231,7 @@ class Auditor:
                 self.filing.failed(run, record, INTERRUPTED, reason)
             else:
                 reason = f"not finished {self.spec.wait_s:.0f} s after the last round"
-                self.filing.failed(run, record, "timeout", reason)
+                self.filing.failed(run, record, TIMEOUT, reason)
         if self.spec.proxies:
             self.log.write_forecast()
         self.log.close()
@@ -249,7 +242,7 @@ class Auditor:
         self, run: str, record: dict[str, Any], job: WorkerJob, callback: Callable[[Any], None]
     ) -> None:
         def failed(err: BaseException) -> None:
-            self.filing.failed(run, record, "error", f"{type(err).__name__}: {err}")
+            self.filing.failed(run, record, ERROR, f"{type(err).__name__}: {err}")
 
         self.filing.expect(run, record)
         self._executor.submit(job, on_outcome=callback, on_error=failed)

@@ -14,6 +14,7 @@ from fl_sim.audit.job import AttackOutcome
 from fl_sim.audit.judge import Judge, Verdict
 from fl_sim.audit.log import PROXY_RUN, AuditLog, attack_fields
 from fl_sim.audit.proxy_job import ProxyOutcome
+from fl_sim.rundir import REFUSED
 
 # (round, client, run): a job in flight.
 JobKey = tuple[int, int, str]
@@ -71,7 +72,7 @@ class Filing:
         ground truth: filed as the attack left it); file it."""
         record = {**base, "seconds": out.seconds}
         if out.error is not None or out.inputs is None:
-            self.write({**record, "status": "refused", "reason": out.error}, run)
+            self.write({**record, "status": REFUSED, "reason": out.error}, run)
             return
         fields = attack_fields(out.summary)
         if self.judge is None:
@@ -102,8 +103,8 @@ class Filing:
         per_client = [{**m, "attack": base["attack"], "seconds": out.seconds} for m, _ in members]
         if out.error is not None or out.inputs is None:
             for mine in per_client:
-                self.write({**mine, "status": "refused", "reason": out.error})
-            self.write({**record, "status": "refused", "reason": out.error}, run)
+                self.write({**mine, "status": REFUSED, "reason": out.error})
+            self.write({**record, "status": REFUSED, "reason": out.error}, run)
             return
         cohort, shares = self.truth().judge_cohort(out, [ids for _, ids in members])
         fields = attack_fields(out.summary)

@@ -35,8 +35,6 @@ METRIC_KEYS = (
 )  # fmt: skip
 # The run label of the judge's proxy jobs (an attack run's is its attack's, with the loss).
 PROXY_RUN = "proxies"
-# The status of the attacks still running when the run was interrupted.
-INTERRUPTED = "interrupted"
 # Under secure aggregation: the record of the attack on a round's sum (its ``client``).
 COHORT = -1
 
@@ -142,6 +140,8 @@ class AuditLog:
         self.input_shape = input_shape
         self.normalization = normalization
         self._lock: IO[str] | None = None
+        # (round, client) of the updates a job was cut short on: kept for a resumed audit.
+        self._cut_short: set[tuple[int, int]] = set()
         if lock:
             self.lock()
 
@@ -178,11 +178,38 @@ class AuditLog:
             self._lock = None
 
     def done(self) -> set[tuple[int, int, str]]:
-        """(round, client, run) of every record and proxy row on file: what a resumed audit
-        does not redo."""
-        done = {(r["round"], r["client"], record_run(r)) for r in self.records()}
+        """(round, client, run) of every record and proxy row on file but those cut short
+        (:data:`~fl_sim.rundir.RESUMABLE`): what a resumed audit does not redo."""
+        done = {
+            (r["round"], r["client"], record_run(r))
+            for r in self.records()
+            if r.get("status") not in rundir.RESUMABLE
+        }
         rows = rundir.read_jsonl(self.run_dir / rundir.PROXIES)
-        return done | {(r["round"], r["client"], PROXY_RUN) for r in rows}
+        return done | {
+            (r["round"], r["client"], PROXY_RUN)
+            for r in rows
+            if r.get("status") not in rundir.RESUMABLE
+        }
+
+    def forget_cut_short(self) -> int:
+        """Drop the records and proxy rows cut short (interrupted, timed out) whose update is
+        stored, before a resumed audit redoes them, so that each (round, client, run) keeps one
+        record; returns how many were dropped. Each file is rewritten whole: a kill meanwhile
+        leaves the old one or the new one, and a dropped job is redone either way."""
+        dropped = 0
+        for name in (rundir.AUDIT, rundir.PROXIES):
+            path = self.run_dir / name
+            rows = rundir.read_jsonl(path)
+            kept = [
+                r
+                for r in rows
+                if r.get("status") not in rundir.RESUMABLE or not self.update_path(r).is_file()
+            ]
+            if len(kept) < len(rows):
+                rundir.write_jsonl(path, kept)
+                dropped += len(rows) - len(kept)
+        return dropped
 
     def records(self) -> list[dict[str, Any]]:
         """The records of ``audit.jsonl``."""
@@ -200,9 +227,13 @@ class AuditLog:
         self, record: Mapping[str, Any], pending: Collection[tuple[int, int, str]], keep: bool
     ) -> None:
         """Remove the stored copy of ``record``'s update once none of its jobs is ``pending``
-        (it was stored so that a hard kill loses no queued attack), unless ``keep``."""
+        (it was stored so that a hard kill loses no queued attack), unless ``keep``; the
+        update of a job cut short (:data:`~fl_sim.rundir.RESUMABLE`) stays for a resumed
+        audit."""
         key = (record["round"], record["client"])
-        if not keep and not any(p[:2] == key for p in pending):
+        if record.get("status") in rundir.RESUMABLE:
+            self._cut_short.add(key)
+        if not keep and key not in self._cut_short and not any(p[:2] == key for p in pending):
             self.update_path(record).unlink(missing_ok=True)
 
     def stored_updates(self) -> list[Path]:

@@ -14,8 +14,9 @@ from fl_sim.audit.updates import load_update
 
 
 def reaudit(run_dir: Path, redo: bool = False) -> int:
-    """Attack the stored updates of ``run_dir`` that have no record yet, per attack (and
-    compute missing proxies); all with ``redo`` (the earlier records are then kept in
+    """Attack the stored updates of ``run_dir`` that have no record yet, or only one of an
+    attack cut short (interrupted, timed out: that record is replaced), per attack (and compute
+    missing proxies); all with ``redo`` (the earlier records are then kept in
     ``audit-<time>.jsonl`` and ``proxies-<time>.jsonl``). Returns how many updates were queued.
 
     Raises
@@ -35,7 +36,8 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     context = AuditContext.stored(run_dir)  # before set_aside: a run that says nothing stays
     if redo:
         log.set_aside()
-    auditor = Auditor(context.resumed(log.done()))
+    auditor = Auditor(context.resumed(log.done()))  # holds the run's audit lock from here
+    log.forget_cut_short()  # the jobs cut short are redone: one record each
     queued = 0
     try:
         for path in stored:

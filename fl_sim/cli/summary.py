@@ -10,7 +10,7 @@ def print_summary(run_dir: Path) -> None:
     """The run's tables, as the report has them, on stdout."""
     from fl_sim.report import summary_table
     from fl_sim.report.build import cohort_table, forecast_tables, inversion_table
-    from fl_sim.report.coverage import coverage_note
+    from fl_sim.report.coverage import client_coverage, coverage_note, coverage_table
     from fl_sim.report.faults import left_out_table
     from fl_sim.rundir import AUDIT, CLIENTS, REPORT, ROUNDS, read_jsonl
 
@@ -21,6 +21,10 @@ def print_summary(run_dir: Path) -> None:
     if records:
         print("\nLeakage audit (SPEAR++ on every client update; exact = PSNR >= 100 dB):")
         print(summary_table(records))
+    coverage = coverage_table(client_coverage(run_dir))
+    if coverage:
+        print("\nWhat the audit does not hold (the tables cover only the audited replies):")
+        print(coverage)
     cohorts = cohort_table(records)
     if cohorts:
         print(

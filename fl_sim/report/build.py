@@ -17,7 +17,7 @@ from fl_sim.forecast.table import (
     record_run,
     round_correlations,
 )
-from fl_sim.report.coverage import coverage_note
+from fl_sim.report.coverage import client_coverage, coverage_note, coverage_table
 from fl_sim.report.faults import left_out_table
 from fl_sim.report.forecast import correlation_table, exposure_table, forecast_scatter
 from fl_sim.report.plots import epsilon_vs_leakage, leakage_per_defence, leakage_per_round
@@ -276,6 +276,7 @@ def build_report(run_dir: Path) -> Path:
         accuracy=_fmt(rounds[-1]["test_accuracy"] if rounds else None, "{:.3f}"),
         summary=summary_table(records),
         missing=coverage_note(run_dir),
+        coverage=coverage_table(client_coverage(run_dir)),
         cohorts=cohort_table(records),
         epsilons="\n".join(f"round {r['round']:>3}: epsilon {r['epsilon']:.3g}" for r in epsilons),
         faults=left_out_table(clients),
