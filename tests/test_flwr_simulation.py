@@ -6,6 +6,7 @@ checked to leave no SuperLink (nor any process it started) behind."""
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +23,12 @@ import pytest
 from fl_sim import cli, rundir
 from fl_sim.apps.flwr_simulation import FlwrRunError, FlwrSimulation
 from fl_sim.apps.runtime import RuntimeChoiceError, choose_runtime, legacy_reasons
-from fl_sim.apps.superlink import stop_superlink, superlink_pids
+from fl_sim.apps.superlink import (
+    RUN_FOLDER_PREFIX,
+    stale_runs,
+    stop_superlink,
+    superlink_pids,
+)
 from fl_sim.config import parse_scenario
 from fl_sim.proctree import descendants, stop_trees
 from fl_sim.run import RunStoppedError, run_scenario
@@ -377,3 +383,44 @@ def test_the_watchdog_stops_the_superlink_once_fl_sim_is_killed(tmp_path: Path) 
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
+
+
+def test_processes_an_earlier_run_left_are_named_at_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run folder whose processes no watchdog looks after is stale (an older fl-sim's, or
+    one whose watchdog was killed too); a live run's, with its watchdog, is not."""
+    stale = tmp_path / f"{RUN_FOLDER_PREFIX}old"
+    live = tmp_path / f"{RUN_FOLDER_PREFIX}live"
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    procs = [
+        subprocess.Popen([*sleep, "flower-superlink", "--database", str(stale / "home" / "db")]),
+        subprocess.Popen([*sleep, "run", str(stale / "app"), "fl-sim"]),
+        subprocess.Popen([*sleep, "flower-superlink", "--database", str(live / "home" / "db")]),
+    ]
+    procs.append(
+        subprocess.Popen([*sleep, "fl_sim.apps.superlink", str(os.getpid()), str(live / "home")])
+    )
+    try:
+        time.sleep(1)
+        found = stale_runs()
+        assert found[str(stale)] == sorted(p.pid for p in procs[:2])
+        assert str(live) not in found
+        launcher = FlwrSimulation(parse_scenario(_raw()), tmp_path / "run", None)
+        monkeypatch.setattr(tempfile, "TemporaryDirectory", _no_run_folder)
+        with caplog.at_level(logging.WARNING), pytest.raises(_StopHereError):
+            launcher.run()
+        warned = [r.getMessage() for r in caplog.records if str(stale) in r.getMessage()]
+        assert warned and f"kill {procs[0].pid} {procs[1].pid}` stops them" in warned[0]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+class _StopHereError(Exception):
+    """The launcher stopped where the run would begin."""
+
+
+def _no_run_folder(*args: object, **kwargs: object) -> None:
+    raise _StopHereError

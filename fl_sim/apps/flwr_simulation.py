@@ -44,7 +44,7 @@ from typing import IO
 
 import fl_sim
 from fl_sim import rundir
-from fl_sim.apps.superlink import start_watchdog, stop_superlink
+from fl_sim.apps.superlink import RUN_FOLDER_PREFIX, stale_runs, start_watchdog, stop_superlink
 from fl_sim.config.schema import Scenario
 from fl_sim.progress import RunProgress
 
@@ -236,7 +236,16 @@ class FlwrSimulation:
         KeyboardInterrupt
             After Ctrl-C, once the ServerApp stopped (or was stopped) and the SuperLink too.
         """
-        with tempfile.TemporaryDirectory(prefix="fl-sim-flwr-") as tmp:
+        for stale, pids in stale_runs().items():
+            listed = " ".join(map(str, pids))
+            log.warning(
+                "%d processes of an earlier fl-sim run are still running (they name %s), "
+                "holding ports and memory: `kill %s` stops them",
+                len(pids),
+                stale,
+                listed,
+            )
+        with tempfile.TemporaryDirectory(prefix=RUN_FOLDER_PREFIX) as tmp:
             base = Path(tmp)
             home, app, control = base / "home", base / "app", base / "control"
             for folder in (home, app, control):

@@ -7,12 +7,20 @@ own, so neither a signal to ``fl-sim``'s process group nor its death reaches it)
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from fl_sim.proctree import descendants, session_id, stop_trees
+
+# The temporary folder of each fl-sim run on flwr run (FLWR_HOME, the app, the control folder):
+# every process of the run names it on its command line.
+RUN_FOLDER_PREFIX = "fl-sim-flwr-"
+_RUN_FOLDER = re.compile(rf"/\S*?/{re.escape(RUN_FOLDER_PREFIX)}[^/\s]+")
+# The watchdog's command line: this module, then the pid it watches and the FLWR_HOME.
+_WATCHDOG = "fl_sim.apps.superlink"
 
 # How often the watchdog looks for its parent, and how long what it stops may take to end
 # before SIGKILL (after a kill -9 of fl-sim there is nothing left to end in order), in seconds.
@@ -80,12 +88,42 @@ def stop_superlink(home: Path, grace_s: float = 15.0) -> list[int]:
     return sorted(tree | set(orphans))
 
 
+def _command_lines() -> dict[int, list[str]]:
+    """Every other process's arguments, by pid."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        found[int(entry.name)] = [a for a in args if a]
+    return found
+
+
+def stale_runs() -> dict[str, list[int]]:
+    """Processes left by earlier ``fl-sim run``s on ``flwr run``, per run folder (the temporary
+    folder their command lines name, ``.../fl-sim-flwr-*``): those of every folder no watchdog
+    looks after (a live run has one; an older fl-sim, or one whose watchdog was killed too,
+    leaves its SuperLink, SuperExec, simulation and Ray running with no one to stop them)."""
+    watched: set[str] = set()
+    named: dict[str, list[int]] = {}
+    for pid, args in _command_lines().items():
+        if _WATCHDOG in args[:-2]:
+            watched.add(str(Path(args[args.index(_WATCHDOG) + 2]).parent))
+            continue
+        for folder in {m.group(0) for a in args for m in _RUN_FOLDER.finditer(a)}:
+            named.setdefault(folder, []).append(pid)
+    return {f: sorted(pids) for f, pids in sorted(named.items()) if f not in watched}
+
+
 def start_watchdog(home: Path) -> subprocess.Popen[bytes]:
     """Start a process, in a session of its own, that stops the SuperLink of ``home`` (and what
     it started) once this process has ended, and then leaves; kill it once the SuperLink is
     stopped the ordinary way."""
     return subprocess.Popen(
-        [sys.executable, "-m", "fl_sim.apps.superlink", str(os.getpid()), str(home)],
+        [sys.executable, "-m", _WATCHDOG, str(os.getpid()), str(home)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
