@@ -63,11 +63,16 @@ def run_scenario(
     out: Path | None = None,
     show_progress: bool = True,
     runtime: str = AUTO,
+    resume: Path | None = None,
 ) -> Path:
     """Run ``scenario`` with Flower's Ray-backed simulation; returns the run directory.
     ``show_progress``: rounds and attacks on stderr as the run goes (:class:`RunProgress`).
     ``runtime``: ``flwr`` (``flwr run`` with the simulation runtime), ``legacy``
     (``run_simulation``) or ``auto`` (``flwr`` unless the scenario needs ``legacy``).
+    ``resume``: a run directory of ``scenario`` whose run was killed or stopped: the
+    federation goes on after the last round the server completed (its global model, the
+    clients' states and the audit's unfinished attacks from the directory), on the runtime
+    it ran on.
 
     The directory holds ``scenario.json`` (the resolved config), ``data.json`` (which dataset
     was actually used, its input shape, classes, value range and normalisation),
@@ -84,9 +89,14 @@ def run_scenario(
         recorded as interrupted) or an error, once the report was built from what was
         recorded.
     """
-    chosen = choose_runtime(scenario, runtime)
-    run_dir = rundir.new_run_dir(out, scenario.name)
-    write_scenario(run_dir, scenario, resolved, chosen)
+    if resume is None:
+        chosen = choose_runtime(scenario, runtime)
+        run_dir = rundir.new_run_dir(out, scenario.name)
+        write_scenario(run_dir, scenario, resolved, chosen)
+    else:
+        run_dir = resume
+        chosen = str(rundir.read_json(run_dir / rundir.SCENARIO).get("runtime", runtime))
+        chosen = choose_runtime(scenario, chosen)
     handler = logging.FileHandler(run_dir / rundir.RUN_LOG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
@@ -158,7 +168,7 @@ def _simulate(
     _setup(scenario, run_dir, progress, runtime)
     simulate(
         make_server_app(scenario, run_dir, interruption, progress),
-        make_client_app(scenario),
+        make_client_app(scenario, run_dir),
         scenario,
     )
 

@@ -57,6 +57,11 @@ FORECAST = "forecast.jsonl"
 FORECAST_SAMPLES = "forecast_samples.jsonl"
 # The global model after the last round (a torch state dict).
 MODEL = "global_model.pt"
+# The global model after the last round the server completed, with that round: what a run
+# killed during training resumes from (``fl-sim run --resume``).
+CHECKPOINT = "checkpoint.pt"
+# Each client's own state after each of its rounds (its privacy ledger), for a resumed run.
+CLIENT_STATE_DIR = "client_state"
 REPORT = "report.html"
 RUN_LOG = "run.log"
 ACCURACY_PLOT = "accuracy.png"

@@ -8,6 +8,7 @@ from strategies.fault_tolerant import FaultSink, FaultTolerant
 from strategies.gradients import update_as_gradient
 from strategies.honest_curious import HonestButCurious, UpdateSink
 from strategies.interception import InterceptedUpdate, intercept
+from strategies.round_offset import RoundOffset
 from strategies.screening import LeftOut, screen
 from strategies.tampering import Tampering
 
@@ -18,6 +19,7 @@ __all__ = [
     "InterceptedAggregate",
     "InterceptedUpdate",
     "LeftOut",
+    "RoundOffset",
     "Tampering",
     "UpdateSink",
     "intercept",

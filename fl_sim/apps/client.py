@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -61,6 +62,7 @@ from clients.reply import (
 )
 from clients.tamper_check import check_first_layer
 from clients.training import DIVERGENCE_FACTOR
+from fl_sim.apps.checkpoint import ClientStore
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import FederatedData, federated_data
 from fl_sim.model import first_linear
@@ -192,12 +194,25 @@ def local_round(
 
 
 def client_reply(
-    scenario: Scenario, content: RecordDict, client: int, state: RecordDict
+    scenario: Scenario,
+    content: RecordDict,
+    client: int,
+    state: RecordDict,
+    store: ClientStore | None = None,
 ) -> RecordDict:
     """:func:`local_round`, or, when it raises, a failed reply with status ``client-error``
-    naming the error (its traceback goes to the client's log)."""
+    naming the error (its traceback goes to the client's log). With ``store``, a client
+    started afresh (a resumed run) first restores its state as of its last round before this
+    one, and keeps its state after the round (when it has any)."""
     try:
-        return local_round(scenario, content, client, state)
+        if store is None:
+            return local_round(scenario, content, client, state)
+        server_round = _server_round(content)
+        store.restore(client, server_round, state)
+        reply = local_round(scenario, content, client, state)
+        if len(state):
+            store.save(client, server_round, state)
+        return reply
     except Exception as err:  # the client's own failure: reported, never fatal to the run
         log.exception("client %d: its round failed", client)
         declared: dict[str, ConfigRecordValues] = {PARTITION_ID: client}
@@ -253,10 +268,12 @@ def client_mods(scenario: Scenario) -> list[Mod]:
     return []
 
 
-def make_client_app(scenario: Scenario) -> ClientApp:
+def make_client_app(scenario: Scenario, run_dir: Path | None = None) -> ClientApp:
     """A ClientApp whose clients follow ``scenario`` (their partition id picks their spec),
-    with the mods of its federation-wide defence (:func:`client_mods`)."""
+    with the mods of its federation-wide defence (:func:`client_mods`); with ``run_dir``,
+    each keeps its state there for a resumed run (:class:`ClientStore`)."""
     app = ClientApp(mods=client_mods(scenario))
+    store = ClientStore(run_dir) if run_dir is not None else None
 
     def spec_of(context: Context) -> tuple[Scenario, int]:
         return scenario, int(context.node_config["partition-id"])
@@ -264,6 +281,7 @@ def make_client_app(scenario: Scenario) -> ClientApp:
     @app.train(mods=[DefenceMods(spec_of)])
     def train(msg: Message, context: Context) -> Message:
         client = int(context.node_config["partition-id"])
-        return Message(client_reply(scenario, msg.content, client, context.state), reply_to=msg)
+        reply = client_reply(scenario, msg.content, client, context.state, store)
+        return Message(reply, reply_to=msg)
 
     return app

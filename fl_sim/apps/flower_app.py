@@ -26,6 +26,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fl_sim.apps.checkpoint import ClientStore
 from fl_sim.apps.client import DefenceMods, client_reply
 from fl_sim.apps.flwr_simulation import (
     CONTROL_DIR_KEY,
@@ -102,7 +103,10 @@ def train(msg: Message, context: Context) -> Message:
     """One client's round, its scenario read from the run config."""
     scenario = _scenario(context)
     client_id = partition_id(context, scenario)
-    return Message(client_reply(scenario, msg.content, client_id, context.state), reply_to=msg)
+    run_dir = _run_dir(context)
+    store = ClientStore(run_dir) if run_dir is not None else None
+    reply = client_reply(scenario, msg.content, client_id, context.state, store)
+    return Message(reply, reply_to=msg)
 
 
 class LauncherLink(RunProgress):

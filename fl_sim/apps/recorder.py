@@ -19,9 +19,10 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from torch import nn
 
 from clients.reply import CLIENT, OK, PARTITION_ID, SERVER_ROUND, TRAIN_LOSS
+from fl_sim.apps.checkpoint import save_global
 from fl_sim.config.schema import Scenario
 from fl_sim.data.federated import FederatedData, federated_data
-from fl_sim.rundir import CLIENTS, DATA, ROUNDS, append_jsonl, write_json
+from fl_sim.rundir import CLIENTS, DATA, ROUNDS, append_jsonl, read_jsonl, write_json, write_jsonl
 from strategies import LeftOut
 
 if TYPE_CHECKING:  # fl_sim.progress reads the audit's records, whose module reads these
@@ -101,8 +102,20 @@ class RunRecorder:
         if self.round_epsilon is not None and server_round > 0:
             row["epsilon"] = self.round_epsilon(server_round)
         append_jsonl(self.run_dir / ROUNDS, row)
+        save_global(self.run_dir, server_round, arrays)  # what a killed run resumes from
         self._show(row)
         return MetricRecord({"test-loss": loss, "test-accuracy": accuracy})
+
+    def resume_after(self, server_round: int) -> None:
+        """Forget the rows of the rounds after ``server_round`` (the round a killed run was in
+        when it died, to be run again); each file is rewritten whole."""
+        for name in (ROUNDS, CLIENTS):
+            rows = read_jsonl(self.run_dir / name)
+            kept = [
+                r for r in rows if not isinstance(r.get("round"), int) or r["round"] <= server_round
+            ]
+            if len(kept) < len(rows):
+                write_jsonl(self.run_dir / name, kept)
 
     def client_metrics(self, contents: list[RecordDict], weighted_by_key: str) -> MetricRecord:
         """Record each client's declared settings, loss and epsilon; aggregate as FedAvg does."""

@@ -18,20 +18,24 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fl_sim.apps.central_dp import central_epsilon, with_central_dp
+from fl_sim.apps.checkpoint import load_global
 from fl_sim.apps.client import drawn_samples
 from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterruptedError
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.apps.secagg_server import federate_secagg
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.context import AuditContext
+from fl_sim.audit.log import AuditLog
+from fl_sim.audit.updates import load_update
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.progress import RunProgress
@@ -41,6 +45,7 @@ from strategies import (
     HonestButCurious,
     InterceptedUpdate,
     LeftOut,
+    RoundOffset,
     Tampering,
     UpdateSink,
 )
@@ -112,6 +117,16 @@ def _federate(
     recorder = RunRecorder(
         scenario, run_dir, progress=progress, round_epsilon=central_epsilon(scenario)
     )
+    resumed = load_global(run_dir)
+    if resumed is not None:
+        if scenario.federation.secagg is not None or scenario.federation.central_dp is not None:
+            raise ValueError(
+                f"{run_dir} cannot resume its federation: SecAgg+ and central DP run on "
+                "Flower's legacy workflow, which keeps its state in memory (fl-sim audit "
+                "RUN_DIR resumes the audit)"
+            )
+        recorder.resume_after(resumed[0])
+        log.info("resuming after round %d of %d", resumed[0], scenario.rounds)
     strategy: Strategy = build_strategy(scenario, recorder)
     described = recorder.data.description
     layer = scenario.model.attacked_layer(described)
@@ -119,14 +134,22 @@ def _federate(
     strategy = Tampering(strategy, core, layer)
     auditor = None
     if scenario.audit.enabled:
-        auditor = Auditor(
-            AuditContext.for_scenario(
-                scenario,
-                run_dir,
-                data=recorder.data,
-                draws=functools.partial(drawn_samples, scenario, recorder.data),
-            )
+        audit_context = AuditContext.for_scenario(
+            scenario,
+            run_dir,
+            data=recorder.data,
+            draws=functools.partial(drawn_samples, scenario, recorder.data),
         )
+        audit_log = AuditLog(run_dir)
+        auditor = Auditor(
+            audit_context.resumed(audit_log.done()) if resumed is not None else audit_context
+        )
+        if resumed is not None:
+            audit_log.forget_cut_short()
+            for path in audit_log.stored_updates():  # what the killed run had not finished
+                update = load_update(path)
+                if update.server_round <= resumed[0]:
+                    auditor.queue(update)
         strategy = HonestButCurious(
             strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core
         )
@@ -137,17 +160,19 @@ def _federate(
             auditor.left_out(fault)
 
     try:
-        start = initial_arrays(scenario, described)
+        done, start = resumed if resumed is not None else (0, initial_arrays(scenario, described))
         if scenario.federation.secagg is not None:
             final = federate_secagg(
                 grid, context, scenario, recorder, auditor, start, layer, left_out, core
             )
         else:
-            result = FaultTolerant(strategy, left_out, core.partitions).start(
+            result = RoundOffset(FaultTolerant(strategy, left_out, core.partitions), done).start(
                 grid=grid,
                 initial_arrays=start,
-                num_rounds=scenario.rounds,
-                evaluate_fn=recorder.evaluate,
+                num_rounds=scenario.rounds - done,
+                evaluate_fn=recorder.evaluate
+                if resumed is None
+                else _after(recorder.evaluate, done),
             )
             # Flower's result holds the last aggregate: none when every round failed, and the
             # global model is then the initial one.
@@ -156,6 +181,16 @@ def _federate(
     finally:
         if auditor is not None:
             auditor.finish(interrupted=interruption is not None and interruption.requested)
+
+
+def _after(
+    evaluate: Callable[[int, ArrayRecord], MetricRecord], done: int
+) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+    """``evaluate`` at the rounds of a federation resumed after round ``done``: Flower's round
+    r is its round done + r, and its round 0, tested before, is not tested again."""
+    return lambda server_round, arrays: (
+        None if server_round == 0 else evaluate(done + server_round, arrays)
+    )
 
 
 def _counted(auditor: Auditor, progress: RunProgress | None) -> UpdateSink:
