@@ -15,10 +15,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,14 @@ def _write_whole(path: Path, text: str) -> None:
     leaves the old file or the new one, never half of one."""
     part = path.with_name(f".{path.name}.part")
     part.write_text(text)
+    os.replace(part, path)
+
+
+def write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
+    """``np.savez`` of ``arrays`` to ``path``, whole or not at all (as :func:`_write_whole`)."""
+    part = path.with_name(f".{path.name}.part")
+    with part.open("wb") as f:
+        np.savez(f, **arrays)
     os.replace(part, path)
 
 

@@ -4,15 +4,18 @@ asked to train, and Flower's rounds renumbered after the resumed round."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fl_sim.apps.checkpoint import ClientStore, load_global, save_global
-from fl_sim.rundir import CHECKPOINT
+from fl_sim.audit.updates import stored_updates
+from fl_sim.rundir import CHECKPOINT, write_npz
 from strategies import RoundOffset
 
 
@@ -82,3 +85,26 @@ def test_flowers_rounds_run_as_the_rounds_after_the_resumed_one() -> None:
         ("configure_evaluate", 5),
         ("aggregate_evaluate", 5),
     ]
+
+
+def test_an_update_is_written_whole_and_a_torn_one_set_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "r001-c000.npz"
+    write_npz(path, {"a": np.arange(3)})
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the process dies while writing
+
+    monkeypatch.setattr(np, "savez", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_npz(path, {"a": np.arange(5)})
+    monkeypatch.undo()
+    with np.load(path) as kept:
+        assert kept["a"].tolist() == [0, 1, 2]  # the old file, whole
+    torn = tmp_path / "r002-c000.npz"
+    torn.write_bytes(b"PK\x03\x04 cut short")  # what a kill left before writes were whole
+    with caplog.at_level(logging.WARNING):
+        assert list(stored_updates([torn])) == []
+    assert (tmp_path / "r002-c000.npz.torn").is_file() and not torn.exists()
+    assert "cannot be read" in caplog.text and "set aside" in caplog.text

@@ -35,7 +35,7 @@ from fl_sim.apps.secagg_server import federate_secagg
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.log import AuditLog
-from fl_sim.audit.updates import load_update
+from fl_sim.audit.updates import stored_updates
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.progress import RunProgress
@@ -146,9 +146,8 @@ def _federate(
         )
         if resumed is not None:
             audit_log.forget_cut_short()
-            for path in audit_log.stored_updates():  # what the killed run had not finished
-                update = load_update(path)
-                if update.server_round <= resumed[0]:
+            for update in stored_updates(audit_log.stored_updates()):
+                if update.server_round <= resumed[0]:  # what the killed run had not finished
                     auditor.queue(update)
         strategy = HonestButCurious(
             strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core

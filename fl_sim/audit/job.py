@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from attacks import AttackInputError, AttackPlugin, ServerView
+from fl_sim.rundir import write_npz
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def write_arrays(
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, Any] = {f"weight:{k}": v for k, v in weights.items()}
     arrays |= {f"gradient:{k}": v for k, v in gradient.items()}
-    np.savez(path, **arrays)
+    write_npz(path, arrays)
     return str(path)
 
 

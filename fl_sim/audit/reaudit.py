@@ -10,7 +10,7 @@ from fl_sim import rundir
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.log import AuditLog
-from fl_sim.audit.updates import load_update
+from fl_sim.audit.updates import stored_updates
 
 
 def reaudit(run_dir: Path, redo: bool = False) -> int:
@@ -40,8 +40,8 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     log.forget_cut_short()  # the jobs cut short are redone: one record each
     queued = 0
     try:
-        for path in stored:
-            queued += auditor.queue(load_update(path)) > 0
+        for update in stored_updates(stored):
+            queued += auditor.queue(update) > 0
     finally:
         auditor.finish()
     return queued

@@ -4,12 +4,18 @@ redo an audit."""
 from __future__ import annotations
 
 import json
+import logging
+import zipfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fl_sim.rundir import write_npz
 from strategies import InterceptedUpdate
+
+log = logging.getLogger(__name__)
 
 
 def save_update(update: InterceptedUpdate, path: Path) -> None:
@@ -27,8 +33,7 @@ def save_update(update: InterceptedUpdate, path: Path) -> None:
     if update.sent_arrays is not None and update.arrays is not None:
         whole = {f"sent:{k}": v for k, v in update.sent_arrays.items()}
         whole |= {f"received:{k}": v for k, v in update.arrays.items()}
-    np.savez(
-        path,
+    arrays = dict(
         sent_weight=update.sent_weight,
         sent_bias=update.sent_bias,
         weight=weight,
@@ -45,6 +50,7 @@ def save_update(update: InterceptedUpdate, path: Path) -> None:
         ),
         **whole,
     )
+    write_npz(path, arrays)  # whole or not at all: a kill meanwhile leaves no torn update
 
 
 def load_update(path: Path) -> InterceptedUpdate:
@@ -65,3 +71,14 @@ def load_update(path: Path) -> InterceptedUpdate:
             sent_arrays=sent or None,
             arrays=received or None,
         )
+
+
+def stored_updates(paths: Iterable[Path]) -> Iterator[InterceptedUpdate]:
+    """The updates at ``paths`` that can be read; one that cannot (cut short by a kill before
+    updates were written whole) is set aside as ``PATH.torn``, with a warning."""
+    for path in paths:
+        try:
+            yield load_update(path)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            path.rename(path.with_name(f"{path.name}.torn"))
+            log.warning("%s cannot be read (%s): set aside, its attacks are not resumed", path, err)
