@@ -2,7 +2,8 @@
 out-of-memory killer or a lost machine would) goes on after the last round its server
 completed, and ends with the records of an uninterrupted run on the same seed: the global
 model's accuracy per round, each client's status and epsilon per round, and one audit record
-per (round, client, attack) with the same status, sample ids and certified count."""
+per (round, client, attack) with the same status, sample ids and certified count (the PSNR
+itself may differ in its last digits: FedAvg sums the replies in the order they arrive)."""
 
 from __future__ import annotations
 
@@ -33,19 +34,19 @@ except ModuleNotFoundError:  # Python 3.10
 # machine's load).
 SCENARIO = """
 name = "resumed"
-rounds = 10
+rounds = 16
 seed = 3
 [data]
 source = "photos"
-samples_per_client = 24
+samples_per_client = 48
 test_size = 60
 [model]
-width = 100
+width = 200
 depth = 3
 [clients]
 count = 3
 lr = 0.1
-batch_size = 8
+batch_size = 16
 [clients.1]
 defence = "dp"
 clip = 2.0
@@ -53,7 +54,7 @@ noise_multiplier = 0.5
 [clients.2]
 defence = "fedavg"
 epochs = 2
-mini_batch = 4
+mini_batch = 8
 [audit]
 knows_batch_size = false
 [audit.spearpp]
@@ -76,7 +77,7 @@ def _essence(run_dir: Path) -> dict[str, Any]:
     audit = [
         (
             r["round"], r["client"], r.get("attack"), r["status"],
-            tuple(r.get("sample_ids") or ()), r.get("certified"), r.get("share_exact"),
+            tuple(s["id"] for s in r.get("samples") or ()), r.get("certified"),
         )
         for r in read_jsonl(run_dir / AUDIT)
     ]  # fmt: skip

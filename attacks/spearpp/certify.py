@@ -16,11 +16,13 @@ from attacks.spearpp.last_column import settle_uncertain
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.solve import (
+    PIN_SLACK_EXACT,
     QUIET_INACTIVE,
     STRAY_MAX,
     Solution,
     fits_a_column,
     inactive_noise,
+    pin_slack,
     refit_to_inputs,
     solve_inputs,
     sparsity_matching,
@@ -116,10 +118,14 @@ def certified(state: SpearState) -> Reconstruction:
     # A mix put in one sample's place corrupts another sample's input (a row of Q^-1), so one
     # inconsistent sample withdraws every column-based certificate of the batch.
     consistent = bool((stray <= STRAY_MAX).all())
+    # Noiseless float64 columns vouch for exact inputs only where their zeros pin them firmly:
+    # a share of another column slipped into one corrupts a third sample's input by that share.
+    slack = pin_slack(columns, left, rule) if not coarse else torch.zeros(b, dtype=torch.float64)
+    pinned = bool((slack <= PIN_SLACK_EXACT).all())
     # The paper's filter (refine = "none") takes points as they are: a column it verifies is
     # near-sparse, not pinned by its zeros, so it vouches for no sample.
     certifying = state.config.refinement != "none"
-    exact = certifying and found >= b and matched and consistent
+    exact = certifying and found >= b and matched and consistent and pinned
     inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
     confidence, settled = solution.matching, 0
     if certifying and not exact and found == b - 1 and harvest.unpinned is not None and not coarse:
@@ -172,7 +178,7 @@ def certified(state: SpearState) -> Reconstruction:
             "repairs": state.repairs,
         },
         settings=state.settings,
-        reason=_reason(state, exact, mixed, certifying, stray, certified, confidence),
+        reason=_reason(state, exact, mixed, certifying, stray, certified, confidence, slack),
         **fac.report(),
     )
 
@@ -185,6 +191,7 @@ def _reason(
     stray: torch.Tensor,
     certified: torch.Tensor,
     confidence: torch.Tensor,
+    slack: torch.Tensor,
 ) -> str:
     """Why the batch is not certified whole (empty when it is)."""
     b, found, harvest = state.batch_size, state.found, state.harvest
@@ -209,6 +216,13 @@ def _reason(
         f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples certified, "
         f"lowest sparsity matching {float(confidence.min()):.3f}"
     )
+    loose = int((slack > PIN_SLACK_EXACT).sum())
+    if found >= b and loose:
+        reason += (
+            f"; {loose} columns are pinned loosely by their zeros (another column nearly "
+            f"vanishes there too: slack up to {float(slack.max()):.1e}), so a share of one "
+            "sample's input may sit in another's"
+        )
     if found == b - 1 and harvest.unpinned is not None and not coarse_certificate(state):
         reason += (
             f"; the last sample's input is exact, but {int((~certified).sum())} samples' "

@@ -20,6 +20,10 @@ _ROUNDOFF_FACTOR = 1e3
 _PIN_GAP = 1e-4
 # Highest share of a column's zeros on neurons its input activates (see stray_zeros).
 STRAY_MAX = 0.1
+# Farthest a column may move, as a share of its norm, while vanishing on its zeros no less than
+# it does (see pin_slack), for the samples of a noiseless float64 update to count as exact: a
+# slack of s lets another sample's input take s times this one's (100 dB is an error of 1e-5).
+PIN_SLACK_EXACT = 1e-8
 # Scales this small (relative to the largest) mean the bias gradient does not fix the column.
 _TINY_SCALE = 1e-12
 # Refits of the next layer's per-sample gradients: its hidden vectors depend on the scales only
@@ -219,6 +223,28 @@ def fits_a_column(
         zero = zero_mask(left, column, rule)[0]
         fits[i] = int((zero & ~inactive).sum()) <= STRAY_MAX * int(zero.sum())
     return fits
+
+
+def pin_slack(columns: torch.Tensor, left: torch.Tensor, rule: ZeroRule) -> torch.Tensor:
+    """Per column q_i (c x B), how far, as a share of its norm, a direction can move from it
+    while vanishing on q_i's zeros no less than q_i does: the residual of q_i on those rows of
+    L over the second-smallest singular value they have (the smallest belongs to q_i's own
+    direction). Zeros pin a column only as firmly as that gap: where another column nearly
+    vanishes on them too (a trained network, a multi-step update), q_i plus a share of it
+    passes as well, and the solve puts that share of one input into another sample's (a
+    float64 FedAvg update: 16 of 16 certified, one input at 68 dB, slack 3e-3)."""
+    zero = zero_mask(left, columns, rule)
+    unit = columns / columns.norm(dim=1, keepdim=True).clamp_min(torch.finfo(columns.dtype).tiny)
+    slack = torch.full((columns.shape[0],), float("inf"), dtype=torch.float64)
+    for i in range(columns.shape[0]):
+        rows = left[zero[i]]
+        if rows.shape[0] < left.shape[1]:
+            continue  # too few zeros to pin a direction
+        gap = torch.linalg.eigvalsh(rows.T @ rows)[1].clamp_min(0.0)
+        residual = (rows @ unit[i]).square().sum()
+        if float(gap) > 0:
+            slack[i] = float((residual / gap).sqrt())
+    return slack
 
 
 def stray_zeros(
