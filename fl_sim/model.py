@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
+from torch import fx, nn
+
+from fl_sim.attacked_layer import traced_layers
 
 # CIFAR-10's (3 x 32 x 32 images, 10 classes): the defaults of the benchmarks and tests; a
 # run's network takes both from its data (:meth:`fl_sim.config.schema.ModelSpec.build`).
 INPUT_DIM = 3 * 32 * 32
 NUM_CLASSES = 10
+# What torch.fx raises on a forward it cannot trace (control flow on values, calls it cannot
+# follow): the model's declaration order is read instead.
+_UNTRACEABLE = (fx.proxy.TraceError, TypeError, RuntimeError, NotImplementedError)
 
 
 def fc_relu_net(
@@ -42,15 +47,47 @@ def array_keys(name: str) -> tuple[str, str]:
     return f"{name}.weight", f"{name}.bias"
 
 
-def first_linear(model: nn.Module) -> tuple[str, nn.Linear]:
-    """Name and module of the first ``nn.Linear`` in ``model`` (registration order), checked to be
-    followed by a ReLU, the structure SPEAR++ needs.
+def first_linear(model: nn.Module, layer: str | None = None) -> tuple[str, nn.Linear]:
+    """Name and module of the layer SPEAR++ attacks: ``layer`` if named, else the first
+    ``nn.Linear`` the input reaches, found by what ``forward`` computes
+    (:func:`fl_sim.attacked_layer.traced_layers`) and checked to feed a ReLU alone. A
+    ``forward`` torch.fx cannot trace falls back to declaration order: the first ``nn.Linear``
+    declared, with an ``nn.ReLU`` declared next.
 
     Raises
     ------
     ValueError
-        If the model has no linear layer, or the next leaf module after the first is not a ReLU.
+        Naming what was found where no such layer is (a convolution first, a sigmoid after).
     """
+    try:
+        name = traced_layers(model, layer)[0]
+    except _UNTRACEABLE:
+        name = layer if layer is not None else _declared_layers(model)[0]
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        raise ValueError(f"layer={name!r}: the model has no module of that name") from None
+    if not isinstance(module, nn.Linear):
+        raise ValueError(f"layer={name!r} is a {type(module).__name__}, not an nn.Linear")
+    return name, module
+
+
+def next_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
+    """Name and module of the linear layer that takes the first linear layer's ReLU output
+    directly (``Linear -> ReLU -> Linear``), or ``None`` when something else comes between."""
+    try:
+        following = traced_layers(model)[1]
+    except _UNTRACEABLE:
+        following = _declared_layers(model)[1]
+    if following is None:
+        return None
+    module = model.get_submodule(following)
+    return (following, module) if isinstance(module, nn.Linear) else None
+
+
+def _declared_layers(model: nn.Module) -> tuple[str, str | None]:
+    """The first ``nn.Linear`` in declaration order, checked to have an ``nn.ReLU`` declared
+    right after it, and the leaf declared after that if it is an ``nn.Linear``."""
     leaves = _leaves(model)
     for i, (name, module) in enumerate(leaves):
         if isinstance(module, nn.Linear):
@@ -60,21 +97,10 @@ def first_linear(model: nn.Module) -> tuple[str, nn.Linear]:
                     f"the first linear layer {name!r} is followed by {type(after).__name__}, "
                     "not ReLU: SPEAR++ needs a ReLU right after the attacked layer"
                 )
-            return name, module
+            following = leaves[i + 2] if i + 2 < len(leaves) else None
+            is_linear = following is not None and isinstance(following[1], nn.Linear)
+            return name, following[0] if following is not None and is_linear else None
     raise ValueError("the model has no nn.Linear layer to attack")
-
-
-def next_linear(model: nn.Module) -> tuple[str, nn.Linear] | None:
-    """Name and module of the linear layer that takes the first linear layer's ReLU output
-    directly (``Linear -> ReLU -> Linear``), or ``None`` when something else comes between."""
-    first, _ = first_linear(model)
-    leaves = _leaves(model)
-    i = [n for n, _ in leaves].index(first)
-    if i + 2 < len(leaves):
-        name, module = leaves[i + 2]
-        if isinstance(module, nn.Linear):
-            return name, module
-    return None
 
 
 def layer_gradients(

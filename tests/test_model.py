@@ -34,7 +34,7 @@ def test_first_linear_inside_a_wrapper() -> None:
 
 def test_layer_not_followed_by_relu_is_refused() -> None:
     net = nn.Sequential(nn.Flatten(), nn.Linear(3072, 10), nn.Tanh(), nn.Linear(10, 10))
-    with pytest.raises(ValueError, match="followed by Tanh, not ReLU"):
+    with pytest.raises(ValueError, match="followed by Tanh '2', not ReLU"):
         first_linear(net)
 
 

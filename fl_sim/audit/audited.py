@@ -37,9 +37,10 @@ def find_layer(
     layer
         The layer's name (``fc1`` for ``fc1.weight``, ``fc1.bias``), if the user names it.
     model
-        The model's declared architecture: its first ``nn.Linear`` must be followed by
-        ``nn.ReLU``. Without it (and without ``layer``) the first array must be a linear
-        layer's weight, which is then assumed to be followed by ReLU.
+        The model: the layer is found by what its ``forward`` computes, or ``layer`` checked
+        against it (:func:`fl_sim.model.first_linear`). Without it (and without ``layer``) the
+        first array must be a linear layer's weight, which is then assumed to be followed by
+        ReLU.
 
     Raises
     ------
@@ -48,9 +49,9 @@ def find_layer(
         followed by ReLU.
     """
     found = ", ".join(f"{k} {tuple(arrays[k].shape)}" for k in list(arrays)[:6])
-    if layer is None and model is not None:
+    if model is not None:
         try:
-            layer = first_linear(model)[0]
+            layer = first_linear(model, layer)[0]
         except ValueError as err:
             raise AuditError(f"model: {err}") from None
     if layer is None:
@@ -98,7 +99,8 @@ class AuditedStrategy(HonestButCurious):
     layer
         The attacked layer's name (default: found, see :func:`find_layer`).
     model
-        The model's architecture, to check that ReLU follows the layer.
+        The model, whose ``forward`` tells which layer the input reaches first and that ReLU
+        follows it (with ``layer`` too: that layer is checked).
     input_shape
         One input's shape before flattening, e.g. ``(1, 8, 8)``: C x H x W inputs get grids.
     mean, std
