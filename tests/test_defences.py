@@ -24,7 +24,7 @@ from clients.defences import (
     training_defences,
     update_mods,
 )
-from clients.defences.base import DEFENCE, EPSILON, LR, STEPS, UPDATE_MODS
+from clients.defences.base import DEFENCE, EPSILON, LR, STEPS, UPDATE_MODS, defence_label
 from clients.defences.local_dp import (
     LocalDp,
     LocalDpSettings,
@@ -265,3 +265,8 @@ def test_a_short_federation_with_one_client_per_update_mod(tmp_path: Path) -> No
     assert all(r["knowledge"]["noise"] == "declared" for r in local)
     report = (run_dir / "report.html").read_text()
     assert all(f"fedsgd+{m}" in report for m in mods)
+
+
+def test_a_client_that_declares_no_defence_is_labelled_undeclared() -> None:
+    assert defence_label({}) == "undeclared"  # a Flower app of one's own: said nothing
+    assert defence_label({DEFENCE: "fedsgd", UPDATE_MODS: ["topk"]}) == "fedsgd+topk"

@@ -260,9 +260,15 @@ def declared_defences(declared: Mapping[str, Any]) -> list[Defence]:
     return [DEFENCES[n] for n in names if n in DEFENCES]
 
 
+# The label of a client that says nothing of its defence (a Flower app of one's own): what is
+# known is that it did not declare one, not that it has none.
+UNDECLARED = "undeclared"
+
+
 def defence_label(declared: Mapping[str, Any]) -> str:
-    """How records and reports name a client's defences: ``fedsgd``, ``fedsgd+topk``."""
-    names = [str(declared.get(DEFENCE, "unknown")), *map(str, declared.get(UPDATE_MODS, []))]
+    """How records and reports name a client's defences: ``fedsgd``, ``fedsgd+topk``;
+    ``undeclared`` for a client that declares none."""
+    names = [str(declared.get(DEFENCE, UNDECLARED)), *map(str, declared.get(UPDATE_MODS, []))]
     return "+".join(names)
 
 
