@@ -169,3 +169,10 @@ def test_ray_close_drops_unfinished_work(local_ray: None, tmp_path: Path) -> Non
     assert not executor.wait(0.5)
     executor.close()
     assert not calls and not got.outcomes and not got.errors
+
+
+def test_a_refused_job_keeps_the_batch_size_it_estimated(tmp_path: Path) -> None:
+    job, _ = _job(tmp_path, 0, batch=60)  # 60 samples on 40 neurons: the gradient is full rank
+    out = job.execute()
+    assert out.inputs is None and str(out.error).startswith("refused: estimated batch size")
+    assert out.summary == {"batch_size_estimated": 40}

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attacks.errors import AttackInputError
+from attacks.errors import AttackInputError, NotLowRankError
 from attacks.spearpp.inputs import FLOAT32_PRECISION
 
 # A Gaussian m x n noise matrix of entry std s has its largest singular value near
@@ -403,9 +403,10 @@ def factorise(
             break
         k = min(full, 2 * k)
     if rank >= full:
-        raise AttackInputError(
+        raise NotLowRankError(
             f"estimated batch size B_hat={rank} ({method}) is not below min(m, n) = {full} "
-            f"(m={m}, n={n}): the gradient is not low-rank, so SPEAR++ cannot separate the batch"
+            f"(m={m}, n={n}): the gradient is not low-rank, so SPEAR++ cannot separate the batch",
+            batch_size_estimated=rank,
         )
     if bulk is not None and bulk.rank != rank:
         bulk = fit_bulk(s, outside, (m, n), rank)

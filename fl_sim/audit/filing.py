@@ -72,7 +72,8 @@ class Filing:
         ground truth: filed as the attack left it); file it."""
         record = {**base, "seconds": out.seconds}
         if out.error is not None or out.inputs is None:
-            self.write({**record, "status": REFUSED, "reason": out.error}, run)
+            # What the attack learnt before refusing (its batch size estimate) stays a field.
+            self.write({**record, **out.summary, "status": REFUSED, "reason": out.error}, run)
             return
         fields = attack_fields(out.summary)
         if self.judge is None:

@@ -62,11 +62,12 @@ class AttackJob:
         try:
             rec = self.attack.reconstruct(view, self.config)
         except AttackInputError as err:
+            estimated = getattr(err, "batch_size_estimated", None)
             return AttackOutcome(
                 self.server_round,
                 self.client,
                 None,
-                {},
+                {} if estimated is None else {"batch_size_estimated": estimated},
                 f"refused: {err}",
                 time.perf_counter() - start,
             )
