@@ -58,7 +58,7 @@ def test_a_run_directory_keeps_its_records_only(tmp_path: Path) -> None:
 
 def test_a_bad_setting_is_refused_before_any_run(tmp_path: Path) -> None:
     argv = ["bench", "malicious", "--config", str(ROOT / "configs" / "malicious.toml")]
-    with pytest.raises(SystemExit, match="fl-sim bench malicious: .*rounds"):
+    with pytest.raises(SystemExit, match=r"fl-sim bench malicious: .*rounds"):
         main([*argv, "--set", "rounds=0", "--out", str(tmp_path / "out")])
     with pytest.raises(SystemExit, match="fl-sim bench malicious: --behaviours: name at least"):
         main([*argv, "--behaviours", "honest", "--out", str(tmp_path / "out")])
