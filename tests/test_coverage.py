@@ -15,7 +15,16 @@ from fl_sim.report.coverage import (
     coverage_table,
     unaudited,
 )
-from fl_sim.rundir import AUDIT, CLIENTS, SCENARIO, UPDATES_DIR, write_json, write_jsonl
+from fl_sim.rundir import (
+    AUDIT,
+    CHECKPOINT,
+    CLIENTS,
+    ROUNDS,
+    SCENARIO,
+    UPDATES_DIR,
+    write_json,
+    write_jsonl,
+)
 
 
 def _run(tmp_path: Path, audit: dict[str, object], recorded: list[tuple[int, int]]) -> Path:
@@ -98,3 +107,12 @@ def test_a_whole_audit_has_no_coverage_table(tmp_path: Path) -> None:
     write_jsonl(run / AUDIT, [{"round": r, "client": c, "attack": "spearpp", "status": "exact"}
                               for r, c in every])  # fmt: skip
     assert coverage_table(client_coverage(run)) == ""
+
+
+def test_a_federation_stopped_early_is_resumed_with_fl_sim_run(tmp_path: Path) -> None:
+    run = _run(tmp_path, {"attacks": ["spearpp"]}, [(1, 0)])
+    write_jsonl(run / ROUNDS, [{"round": 0}, {"round": 1}])  # of 3 planned
+    (run / CHECKPOINT).write_bytes(b"")
+    assert f"`fl-sim run --resume {run}` goes on with the federation" in coverage_note(run)
+    write_jsonl(run / ROUNDS, [{"round": r} for r in range(4)])  # trained to the end
+    assert f"`fl-sim run --resume {run}`" not in coverage_note(run)

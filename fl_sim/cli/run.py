@@ -75,7 +75,7 @@ def _main(args: argparse.Namespace) -> int:
         print(
             f"\nfl-sim run: {stopped} after round {last_round(stopped.run_dir)} of "
             f"{scenario.rounds}; the summary and {stopped.run_dir / REPORT} show what "
-            "was recorded until then",
+            f"was recorded until then; `fl-sim run --resume {stopped.run_dir}` goes on",
             file=sys.stderr,
         )
         return stopped.exit_code

@@ -12,12 +12,14 @@ from typing import Any
 from fl_sim.report.faults import round_ranges
 from fl_sim.rundir import (
     AUDIT,
+    CHECKPOINT,
     CLIENTS,
     COHORT_VIEW,
     ERROR,
     INTERRUPTED,
     REFUSED,
     RESUMABLE,
+    ROUNDS,
     SCENARIO,
     TIMEOUT,
     UPDATES_DIR,
@@ -132,6 +134,13 @@ def coverage_table(rows: list[ClientCoverage]) -> str:
     return "\n".join(lines)
 
 
+def _federation_unfinished(run_dir: Path) -> bool:
+    """Whether an fl-sim federation stopped before its last round with a round to go on from."""
+    planned = read_json(run_dir / SCENARIO).get("typed", {}).get("rounds")
+    done = max((int(r["round"]) for r in read_jsonl(run_dir / ROUNDS)), default=0)
+    return (run_dir / CHECKPOINT).is_file() and isinstance(planned, int) and done < planned
+
+
 def coverage_note(run_dir: Path) -> str:
     """One paragraph naming what the audit does not hold and how to resume it ('' when it
     holds a finished attack of every reply it targets)."""
@@ -139,11 +148,14 @@ def coverage_note(run_dir: Path) -> str:
     cut = [r for r in read_jsonl(run_dir / AUDIT) if r.get("status") in RESUMABLE]
     if not missing and not cut:
         return ""
-    resume = (
-        f"`fl-sim audit {run_dir}` resumes it from the updates the run stored"
-        if any((run_dir / UPDATES_DIR).glob("*.npz"))
-        else "the run stored no updates to resume it from (audit.keep_updates = true stores them)"
-    )
+    if _federation_unfinished(run_dir):
+        resume = f"`fl-sim run --resume {run_dir}` goes on with the federation and its audit"
+    elif any((run_dir / UPDATES_DIR).glob("*.npz")):
+        resume = f"`fl-sim audit {run_dir}` resumes it from the updates the run stored"
+    else:
+        resume = (
+            "the run stored no updates to resume it from (audit.keep_updates = true stores them)"
+        )
     parts = []
     if missing:
         clients = sorted({c for _, c in missing})
