@@ -17,6 +17,10 @@ class NotLowRankError(AttackInputError):
         The estimate, for records that keep it beside the refusal.
     """
 
-    def __init__(self, message: str, batch_size_estimated: int) -> None:
-        super().__init__(message)
+    def __init__(self, batch_size_estimated: int, method: str, m: int, n: int) -> None:
+        super().__init__(
+            f"estimated batch size B_hat={batch_size_estimated} ({method}) is not below "
+            f"min(m, n) = {min(m, n)} (m={m}, n={n}): the gradient is not low-rank, so SPEAR++ "
+            "cannot separate the batch"
+        )
         self.batch_size_estimated = batch_size_estimated

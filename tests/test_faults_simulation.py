@@ -41,7 +41,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def _faulty_clients(scenario: Scenario) -> ClientApp:
+def _faulty_clients(scenario: Scenario, run_dir: Path | None = None) -> ClientApp:
     """The scenario's clients, but client 2 crashes in round 2 (Flower's error reply, no
     content) and client 3 returns a first layer of the wrong shape."""
     app = ClientApp()

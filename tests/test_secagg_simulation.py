@@ -34,7 +34,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def _client_1_leaves_in_round_2(scenario: Scenario) -> ClientApp:
+def _client_1_leaves_in_round_2(scenario: Scenario, run_dir: Path | None = None) -> ClientApp:
     """The scenario's clients under SecAgg+, but client 1's ClientApp raises in round 2."""
     app = ClientApp(mods=client_mods(scenario))
 

@@ -10,8 +10,8 @@ LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
     "attacks/spearpp/refine.py": 531,
-    "attacks/spearpp/signs.py": 525,
-    "attacks/spearpp/factor.py": 475,
+    "attacks/spearpp/signs.py": 522,
+    "attacks/spearpp/factor.py": 472,
 }
 
 

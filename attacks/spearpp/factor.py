@@ -403,11 +403,7 @@ def factorise(
             break
         k = min(full, 2 * k)
     if rank >= full:
-        raise NotLowRankError(
-            f"estimated batch size B_hat={rank} ({method}) is not below min(m, n) = {full} "
-            f"(m={m}, n={n}): the gradient is not low-rank, so SPEAR++ cannot separate the batch",
-            batch_size_estimated=rank,
-        )
+        raise NotLowRankError(rank, method, m, n)
     if bulk is not None and bulk.rank != rank:
         bulk = fit_bulk(s, outside, (m, n), rank)
     estimated = bulk.std if bulk is not None else None

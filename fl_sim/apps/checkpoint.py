@@ -40,7 +40,8 @@ def load_global(run_dir: Path) -> tuple[int, ArrayRecord] | None:
 class ClientStore:
     """Each client's state after each of its rounds, under ``run_dir/client_state/``.
 
-    Only ConfigRecords are kept (fl-sim's defences keep their ledgers in them).
+    Only ConfigRecords of plain values are kept (fl-sim's defences keep their ledgers in them);
+    a mod's own state of bytes (SecAgg+'s keys and shares) is not a client's to carry over.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -49,8 +50,12 @@ class ClientStore:
     def save(self, client: int, server_round: int, state: RecordDict) -> None:
         """Keep ``state`` as it is after ``client`` trained ``server_round``."""
         kept = {
-            name: dict(record) for name, record in state.items() if isinstance(record, ConfigRecord)
+            name: dict(record)
+            for name, record in state.items()
+            if isinstance(record, ConfigRecord) and _plain(record)
         }
+        if not kept:
+            return
         self.folder.mkdir(exist_ok=True)
         rundir.write_json(self.folder / f"c{client:04d}-r{server_round:04d}.json", kept)
 
@@ -68,3 +73,12 @@ class ClientStore:
             kept = json.loads(earlier[-1].read_text())
             for name, record in kept.items():
                 state[name] = ConfigRecord(record)
+
+
+def _plain(record: ConfigRecord) -> bool:
+    """Whether every value of ``record`` is a JSON value (no bytes)."""
+    try:
+        json.dumps(dict(record))
+    except TypeError:
+        return False
+    return True
