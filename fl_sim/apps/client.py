@@ -273,10 +273,9 @@ def make_client_app(scenario: Scenario, run_dir: Path | None = None) -> ClientAp
     with the mods of its federation-wide defence (:func:`client_mods`); with ``run_dir``,
     each keeps its state there for a resumed run (:class:`ClientStore`)."""
     app = ClientApp(mods=client_mods(scenario))
-    federation = scenario.federation
     # Runs under a federation-wide defence do not resume (Flower's legacy workflow).
-    resumable = federation.secagg is None and federation.central_dp is None
-    store = ClientStore(run_dir) if run_dir is not None and resumable else None
+    wide = scenario.federation.wide_defence
+    store = ClientStore(run_dir) if run_dir is not None and not wide else None
 
     def spec_of(context: Context) -> tuple[Scenario, int]:
         return scenario, int(context.node_config["partition-id"])

@@ -187,7 +187,7 @@ def main(grid: Grid, context: Context) -> None:
     """All rounds of the run config's scenario, recorded in a fresh run directory (or in
     ``run-dir``, whose ``scenario.json`` holds it, when ``fl-sim run`` launched the run)."""
     scenario, resolved = _resolved(context)
-    if scenario.federation.secagg is not None or scenario.federation.central_dp is not None:
+    if scenario.federation.wide_defence:
         # Their client mods are fixed when a ClientApp is built; these module-level apps are
         # built before the run config names the scenario.
         raise ValueError(

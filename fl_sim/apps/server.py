@@ -35,7 +35,7 @@ from fl_sim.apps.secagg_server import federate_secagg
 from fl_sim.audit.auditor import Auditor
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.log import AuditLog
-from fl_sim.audit.updates import stored_updates
+from fl_sim.audit.reaudit import resumed_auditor
 from fl_sim.config.schema import Scenario
 from fl_sim.data.description import DataDescription
 from fl_sim.progress import RunProgress
@@ -119,7 +119,7 @@ def _federate(
     )
     resumed = load_global(run_dir)
     if resumed is not None:
-        if scenario.federation.secagg is not None or scenario.federation.central_dp is not None:
+        if scenario.federation.wide_defence:
             raise ValueError(
                 f"{run_dir} cannot resume its federation: SecAgg+ and central DP run on "
                 "Flower's legacy workflow, which keeps its state in memory (fl-sim audit "
@@ -140,15 +140,10 @@ def _federate(
             data=recorder.data,
             draws=functools.partial(drawn_samples, scenario, recorder.data),
         )
-        audit_log = AuditLog(run_dir)
-        auditor = Auditor(
-            audit_context.resumed(audit_log.done()) if resumed is not None else audit_context
-        )
-        if resumed is not None:
-            audit_log.forget_cut_short()
-            for update in stored_updates(audit_log.stored_updates()):
-                if update.server_round <= resumed[0]:  # what the killed run had not finished
-                    auditor.queue(update)
+        if resumed is None:
+            auditor = Auditor(audit_context)
+        else:  # what the killed run had queued and not finished; later rounds run again
+            auditor, _ = resumed_auditor(audit_context, AuditLog(run_dir), resumed[0])
         strategy = HonestButCurious(
             strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core
         )

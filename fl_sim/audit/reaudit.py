@@ -36,12 +36,26 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
     context = AuditContext.stored(run_dir)  # before set_aside: a run that says nothing stays
     if redo:
         log.set_aside()
+    auditor, queued = resumed_auditor(context, log)
+    auditor.finish()
+    return queued
+
+
+def resumed_auditor(
+    context: AuditContext, log: AuditLog, through_round: int | None = None
+) -> tuple[Auditor, int]:
+    """An auditor that skips what ``log`` has on file, with the stored updates (of rounds up to
+    ``through_round``, all by default) queued again where a job has no record or was cut short
+    (that record is replaced); returns it and how many updates were queued. A failure while
+    queueing finishes the auditor before it is raised."""
     auditor = Auditor(context.resumed(log.done()))  # holds the run's audit lock from here
     log.forget_cut_short()  # the jobs cut short are redone: one record each
     queued = 0
     try:
-        for update in stored_updates(stored):
-            queued += auditor.queue(update) > 0
-    finally:
+        for update in stored_updates(log.stored_updates()):
+            if through_round is None or update.server_round <= through_round:
+                queued += auditor.queue(update) > 0
+    except BaseException:
         auditor.finish()
-    return queued
+        raise
+    return auditor, queued

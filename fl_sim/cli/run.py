@@ -106,7 +106,7 @@ def _resumable(run_dir: Path, args: argparse.Namespace) -> tuple[Scenario, dict[
     if not isinstance(resolved, dict):
         raise ConfigError(f"--resume {run_dir}: not a run directory of fl-sim run ({SCENARIO})")
     scenario = parse_scenario(resolved)
-    if scenario.federation.secagg is not None or scenario.federation.central_dp is not None:
+    if scenario.federation.wide_defence:
         raise ConfigError(
             f"--resume {run_dir}: SecAgg+ and central DP run on Flower's legacy workflow, "
             f"which keeps its state in memory; `fl-sim audit {run_dir}` resumes the audit"

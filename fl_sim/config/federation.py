@@ -111,6 +111,13 @@ class FederationSpec(BaseModel):
     secagg: SecAggSpec | None = None
     central_dp: CentralDpSpec | None = None
 
+    @property
+    def wide_defence(self) -> bool:
+        """Whether a federation-wide defence (SecAgg+, central DP) is on: its client mods are
+        fixed when the ClientApp is built, and its state lives in Flower's workflow, not on
+        disk (such a run does not resume)."""
+        return self.secagg is not None or self.central_dp is not None
+
     @model_validator(mode="after")
     def _one(self) -> FederationSpec:
         # Flower's SecAgg+ runs on the legacy workflow, its DP wrappers on the Message API:
