@@ -10,6 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import numpy as np
+
 from attacks.errors import AttackInputError
 from attacks.result import Reconstruction
 from attacks.view import ServerView
@@ -70,6 +72,14 @@ class AttackPlugin(ABC):
     @abstractmethod
     def run(self, view: ServerView, config: Any) -> Reconstruction:
         """Attack one update."""
+
+    def peak_bytes(self, view: ServerView, config: Any) -> int:
+        """Estimated memory of one run on ``view`` (its arrays present) above an idle
+        worker's, at its peak, so the audit can start it only where it fits. By default four
+        times the arrays it is given (read, widened, worked on); an attack that knows better
+        says so."""
+        arrays = [*view.weights.values(), *view.gradient.values()]
+        return 4 * sum(int(np.asarray(a).nbytes) for a in arrays)
 
     def reconstruct(self, view: ServerView, config: Any) -> Reconstruction:
         """:meth:`run`, once ``config`` is checked to be this attack's.

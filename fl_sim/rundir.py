@@ -43,14 +43,16 @@ AUDIT = "audit.jsonl"
 COHORT_VIEW = "cohort"
 AGGREGATE_VIEW = "aggregate"
 # A record's ``status`` when its attack never finished: the run was interrupted while it ran,
-# it was not done ``wait_s`` after the last round, it raised, or the attack refused the update
-# (too large, not kept whole, ...). Any other status is the attack's own verdict.
+# it was not done ``wait_s`` after the last round, its estimated memory exceeded the audit's
+# budget (``audit.max_memory_gb``), it raised, or the attack refused the update (too large, not
+# kept whole, ...). Any other status is the attack's own verdict.
 INTERRUPTED = "interrupted"
 TIMEOUT = "timeout"
+OUT_OF_MEMORY = "out_of_memory"
 ERROR = "error"
 REFUSED = "refused"
 # Of those, the ones a resumed audit redoes (their update is kept for it): cut short, not wrong.
-RESUMABLE = frozenset({INTERRUPTED, TIMEOUT})
+RESUMABLE = frozenset({INTERRUPTED, TIMEOUT, OUT_OF_MEMORY})
 # Per attacked batch, each sample's vulnerability proxies (``[audit] proxies``).
 PROXIES = "proxies.jsonl"
 # Derived from AUDIT and PROXIES at the end of an audit (rewritten, not appended).

@@ -42,7 +42,7 @@ def _job(tmp: Path, client: int, batch: int = 4) -> tuple[AttackJob, torch.Tenso
     )
     config = SpearConfig(starts=200, steps=200, max_passes=2, seed=client)
     job = AttackJob(
-        1, client, "spearpp", ATTACKS["spearpp"], arrays, ServerView({}, {}, LAYER), config
+        1, client, "spearpp", ATTACKS["spearpp"], arrays, ServerView({}, {}, LAYER), config, 0
     )
     return job, x
 

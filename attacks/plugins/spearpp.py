@@ -10,6 +10,7 @@ from attacks.plugin import AttackPlugin, AttackTable, register
 from attacks.result import Reconstruction
 from attacks.spearpp import SpearConfig, run_spearpp
 from attacks.spearpp.inputs import resolve_device
+from attacks.spearpp.memory import peak_bytes
 from attacks.view import ServerView, first_layer
 from flsim_plugins.settings import AtLeastOne, Real
 
@@ -59,3 +60,7 @@ class SpearPP(AttackPlugin):
     def run(self, view: ServerView, config: SpearConfig) -> Reconstruction:
         obs = first_layer(view, resolve_device(config.device))
         return run_spearpp(obs, batch_size=view.batch_size, noise_std=view.noise_std, config=config)
+
+    def peak_bytes(self, view: ServerView, config: SpearConfig) -> int:
+        width, inputs = view.gradient[view.first_layer[0]].shape
+        return peak_bytes(width, inputs, view.batch_size, config.max_elements)

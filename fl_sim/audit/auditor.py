@@ -30,14 +30,28 @@ from fl_sim.audit.filing import Filing
 from fl_sim.audit.job import AttackJob, write_arrays
 from fl_sim.audit.judge import Judge, sample_ids, true_batch_size
 from fl_sim.audit.log import COHORT, PROXY_RUN, AuditLog, new_record, reply_record
-from fl_sim.audit.proxy_job import ProxyJob, write_proxy_arrays
+from fl_sim.audit.proxy_job import ProxyJob, proxy_peak_bytes, write_proxy_arrays
 from fl_sim.audit.runs import AttackRun, audit_runs
 from fl_sim.audit.threat_model import Sight, ThreatModel, next_layer_helps
 from fl_sim.audit.updates import save_update
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.executors import EXECUTORS, WorkerJob
+from fl_sim.executors.budget import (
+    MemoryBudget,
+    OverBudgetError,
+    budget_bytes,
+    worker_peak_gb,
+)
 from fl_sim.model import array_keys, next_linear
-from fl_sim.rundir import AGGREGATE_VIEW, COHORT_VIEW, ERROR, INTERRUPTED, REFUSED, TIMEOUT
+from fl_sim.rundir import (
+    AGGREGATE_VIEW,
+    COHORT_VIEW,
+    ERROR,
+    INTERRUPTED,
+    OUT_OF_MEMORY,
+    REFUSED,
+    TIMEOUT,
+)
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
 
 
@@ -91,7 +105,11 @@ class Auditor:
             data=data.description if data is not None else None,
         )
         cluster = context.cluster
-        self._executor = EXECUTORS[cluster.attack_executor](spec.workers, cluster)
+        executor = EXECUTORS[cluster.attack_executor](spec.workers, cluster)
+        if executor.on_this_machine:
+            budget = budget_bytes(spec.max_memory_gb)
+            executor = MemoryBudget(executor, budget, spec.workers)
+        self._executor = executor
         self.filing = Filing(self.log, self.judge, spec.keep_updates)
 
     def __call__(self, update: InterceptedUpdate) -> None:
@@ -241,8 +259,13 @@ class Auditor:
     def _submit(
         self, run: str, record: dict[str, Any], job: WorkerJob, callback: Callable[[Any], None]
     ) -> None:
+        # Every record says what its job was estimated to take (and, once done, what it took).
+        record["memory_estimate_gb"] = worker_peak_gb(job.peak_bytes)
+
         def failed(err: BaseException) -> None:
-            self.filing.failed(run, record, ERROR, f"{type(err).__name__}: {err}")
+            status = OUT_OF_MEMORY if isinstance(err, OverBudgetError) else ERROR
+            reason = str(err) if status == OUT_OF_MEMORY else f"{type(err).__name__}: {err}"
+            self.filing.failed(run, record, status, reason)
 
         self.filing.expect(run, record)
         self._executor.submit(job, on_outcome=callback, on_error=failed)
@@ -286,9 +309,11 @@ class Auditor:
         view = sight.view
         arrays = write_arrays(self.log.job_path(base, run.label), view.weights, view.gradient)
         config = run.config(self.spec, self._job_seed(base))
+        attack = ATTACKS[run.attack]
+        peak = attack.peak_bytes(view, config)
         view = dataclasses.replace(view, weights={}, gradient={})
         return AttackJob(
-            base["round"], base["client"], run.label, ATTACKS[run.attack], arrays, view, config
+            base["round"], base["client"], run.label, attack, arrays, view, config, peak
         )
 
     def _proxy_job(self, update: InterceptedUpdate, base: Mapping[str, Any]) -> ProxyJob:
@@ -309,6 +334,7 @@ class Auditor:
             self.spec.proxy_tol,
             self.spec.proxy_max_iter,
             self._job_seed(base),
+            proxy_peak_bytes(dict(sent_all), inputs),
         )
 
     def _job_seed(self, base: Mapping[str, Any]) -> int:

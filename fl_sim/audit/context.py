@@ -174,6 +174,17 @@ class AuditContext:
             else None,
         )
 
+    def with_memory_budget(self, max_memory_gb: float) -> AuditContext:
+        """This context with the attack workers' memory budget set to ``max_memory_gb``.
+
+        Raises
+        ------
+        pydantic.ValidationError
+            For a budget that does not hold the audit's idle workers.
+        """
+        settings = {**self.spec.model_dump(), "max_memory_gb": max_memory_gb}
+        return dataclasses.replace(self, spec=AuditSpec.model_validate(settings))
+
     def resumed(self, done: Collection[tuple[int, int, str]]) -> AuditContext:
         """This context with ``done`` on file: those are not attacked again."""
         return dataclasses.replace(self, done=frozenset(done))

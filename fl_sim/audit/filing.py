@@ -14,6 +14,7 @@ from fl_sim.audit.job import AttackOutcome
 from fl_sim.audit.judge import Judge, Verdict
 from fl_sim.audit.log import PROXY_RUN, AuditLog, attack_fields
 from fl_sim.audit.proxy_job import ProxyOutcome
+from fl_sim.executors.budget import GB
 from fl_sim.rundir import REFUSED
 
 # (round, client, run): a job in flight.
@@ -70,7 +71,7 @@ class Filing:
     def judged(self, out: AttackOutcome, base: dict[str, Any], ids: np.ndarray, run: str) -> None:
         """Have a finished attack judged against the samples the client trained on (without
         ground truth: filed as the attack left it); file it."""
-        record = {**base, "seconds": out.seconds}
+        record = {**base, "seconds": out.seconds, **_memory_peak(out)}
         if out.error is not None or out.inputs is None:
             # What the attack learnt before refusing (its batch size estimate) stays a field.
             self.write({**record, **out.summary, "status": REFUSED, "reason": out.error}, run)
@@ -100,7 +101,7 @@ class Filing:
     ) -> None:
         """File the attack on a sum: the cohort's record, and one per summed client with what
         of its own samples came back."""
-        record = {**base, "seconds": out.seconds}
+        record = {**base, "seconds": out.seconds, **_memory_peak(out)}
         per_client = [{**m, "attack": base["attack"], "seconds": out.seconds} for m, _ in members]
         if out.error is not None or out.inputs is None:
             for mine in per_client:
@@ -145,3 +146,10 @@ class Filing:
             self.log.write_proxies(row)
             self._pending.pop((row["round"], row["client"], PROXY_RUN), None)
             self.log.release_update(row, self._pending, self.keep_updates)
+
+
+def _memory_peak(out: AttackOutcome) -> dict[str, float]:
+    """The worker's measured peak during the job, beside the estimate the record carries."""
+    if out.memory_peak_bytes is None:
+        return {}
+    return {"memory_peak_gb": round(out.memory_peak_bytes / GB, 3)}

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from attacks import AttackInputError, AttackPlugin, ServerView
+from fl_sim.executors.budget import peak_rss_bytes, reset_peak_rss
 from fl_sim.rundir import write_npz
 
 
@@ -44,6 +45,8 @@ class AttackJob:
         The server's view, its ``weights`` and ``gradient`` left empty.
     config
         The attack's settings.
+    peak_bytes
+        The attack's estimate of its peak memory on these arrays, above an idle worker's.
     """
 
     server_round: int
@@ -53,10 +56,12 @@ class AttackJob:
     arrays: str
     view: ServerView
     config: Any
+    peak_bytes: int
 
     def execute(self) -> AttackOutcome:
         """Run the attack; an input the attack refuses becomes an outcome with its reason."""
         start = time.perf_counter()
+        reset_peak_rss()
         weights, gradient = read_arrays(self.arrays)
         view = dataclasses.replace(self.view, weights=weights, gradient=gradient)
         try:
@@ -70,6 +75,7 @@ class AttackJob:
                 {} if estimated is None else {"batch_size_estimated": estimated},
                 f"refused: {err}",
                 time.perf_counter() - start,
+                memory_peak_bytes=peak_rss_bytes(),
             )
         return AttackOutcome(
             self.server_round,
@@ -79,6 +85,7 @@ class AttackJob:
             None,
             time.perf_counter() - start,
             rec.certified.numpy(),
+            peak_rss_bytes(),
         )
 
 
@@ -107,7 +114,9 @@ def read_arrays(path: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
 @dataclass(frozen=True)
 class AttackOutcome:
     """What came back: the reconstruction and its summary, or why there is none; ``certified``
-    marks the reconstructed samples the attack vouches for (``None`` without a reconstruction)."""
+    marks the reconstructed samples the attack vouches for (``None`` without a reconstruction);
+    ``memory_peak_bytes`` is the worker's peak resident memory during the job (None where the
+    system does not say)."""
 
     server_round: int
     client: int
@@ -116,3 +125,4 @@ class AttackOutcome:
     error: str | None
     seconds: float
     certified: np.ndarray | None = None
+    memory_peak_bytes: int | None = None

@@ -35,6 +35,8 @@ class ProxyJob:
         Lanczos tolerance and cap.
     seed
         Seeds the Lanczos starts.
+    peak_bytes
+        Estimated peak memory above an idle worker's (:func:`proxy_peak_bytes`).
     """
 
     server_round: int
@@ -44,6 +46,7 @@ class ProxyJob:
     tol: float
     max_iter: int
     seed: int
+    peak_bytes: int
 
     def execute(self) -> ProxyOutcome:
         """Compute every sample's proxies, in float64, on the CPU."""
@@ -78,6 +81,17 @@ class ProxyJob:
         return ProxyOutcome(
             self.server_round, self.client, samples, None, time.perf_counter() - start
         )
+
+
+# Copies of the model a sample's proxies hold at once: its weights, the gradient, the graph of
+# the Hessian-vector products and the Lanczos vectors (a rough bound, not measured).
+PROXY_MODEL_COPIES = 8
+
+
+def proxy_peak_bytes(weights: dict[str, np.ndarray], inputs: np.ndarray) -> int:
+    """Estimated peak of a proxy job over the model ``weights`` and the batch ``inputs``."""
+    model = sum(int(np.asarray(w, dtype=np.float64).nbytes) for w in weights.values())
+    return PROXY_MODEL_COPIES * model + 2 * int(np.asarray(inputs, dtype=np.float64).nbytes)
 
 
 def write_proxy_arrays(

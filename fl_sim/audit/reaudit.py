@@ -13,11 +13,12 @@ from fl_sim.audit.log import AuditLog
 from fl_sim.audit.updates import stored_updates
 
 
-def reaudit(run_dir: Path, redo: bool = False) -> int:
+def reaudit(run_dir: Path, redo: bool = False, max_memory_gb: float | None = None) -> int:
     """Attack the stored updates of ``run_dir`` that have no record yet, or only one of an
-    attack cut short (interrupted, timed out: that record is replaced), per attack (and compute
-    missing proxies); all with ``redo`` (the earlier records are then kept in
-    ``audit-<time>.jsonl`` and ``proxies-<time>.jsonl``). Returns how many updates were queued.
+    attack cut short (interrupted, timed out, over the memory budget: that record is replaced),
+    per attack (and compute missing proxies); all with ``redo`` (the earlier records are then
+    kept in ``audit-<time>.jsonl`` and ``proxies-<time>.jsonl``); with ``max_memory_gb``, under
+    that memory budget instead of the run's. Returns how many updates were queued.
 
     Raises
     ------
@@ -34,6 +35,8 @@ def reaudit(run_dir: Path, redo: bool = False) -> int:
             "audit, run with --set audit.keep_updates=true)"
         )
     context = AuditContext.stored(run_dir)  # before set_aside: a run that says nothing stays
+    if max_memory_gb is not None:
+        context = context.with_memory_budget(max_memory_gb)
     if redo:
         log.set_aside()
     auditor, queued = resumed_auditor(context, log)

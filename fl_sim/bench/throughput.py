@@ -65,21 +65,23 @@ def write_jobs(case: AttackCase, seeds: range, data: ImageSet, folder: Path) -> 
     """One attack job per seed: the update's arrays in ``folder``, the attacker not told B."""
     jobs = []
     for seed in seeds:
-        view, _, _ = client_update(case, seed, data, Normalization(), torch.float64)
-        arrays = write_arrays(
-            folder / f"job-{seed}.npz",
-            weights={"weight": view["weight"].numpy(), "bias": view["bias"].numpy()},
-            gradient={"weight": view["grad_weight"].numpy(), "bias": view["grad_bias"].numpy()},
+        update, _, _ = client_update(case, seed, data, Normalization(), torch.float64)
+        view = ServerView(
+            weights={"weight": update["weight"].numpy(), "bias": update["bias"].numpy()},
+            gradient={"weight": update["grad_weight"].numpy(), "bias": update["grad_bias"].numpy()},
+            first_layer=("weight", "bias"),
         )
+        config = case.attack.replace(seed=seed)
         jobs.append(
             AttackJob(
                 server_round=1,
                 client=seed,
                 run="spearpp",
                 attack=ATTACKS["spearpp"],
-                arrays=arrays,
-                view=ServerView({}, {}, ("weight", "bias")),
-                config=case.attack.replace(seed=seed),
+                arrays=write_arrays(folder / f"job-{seed}.npz", view.weights, view.gradient),
+                view=ServerView({}, {}, view.first_layer),
+                config=config,
+                peak_bytes=ATTACKS["spearpp"].peak_bytes(view, config),
             )
         )
     return jobs

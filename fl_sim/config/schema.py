@@ -19,6 +19,7 @@ from clients.defences import DefenceSettings, TrainingSettings
 from fl_sim.config.federation import FederationSpec
 from fl_sim.data.description import DataDescription
 from fl_sim.data.spec import DataSpec
+from fl_sim.executors.budget import GB, IDLE_WORKER_BYTES
 from fl_sim.executors.cluster import ClusterSpec, CpuAmount, GpuAmount
 from fl_sim.model import array_keys, fc_relu_net, first_linear
 from flsim_plugins.settings import (
@@ -117,6 +118,12 @@ class AuditSpec(PluginTables):
     wait_s
         After the last round, how long to wait for unfinished attacks before recording them
         as timed out.
+    max_memory_gb
+        The memory the attack workers on this machine may take together, idle workers
+        included (GB; unset: half the machine's memory). Each attack's peak is estimated before
+        it starts: one that does not fit beside those running waits for them, one that does
+        not fit alone is recorded ``out_of_memory`` with its estimate (``fl-sim audit RUN_DIR
+        --max-memory-gb ...`` redoes it), and the federation goes on.
     grids
         Save an image grid (originals over reconstructions) per record.
     keep_updates
@@ -139,6 +146,7 @@ class AuditSpec(PluginTables):
     knows_labels: Bool = False
     workers: AtLeastOne = 1
     wait_s: Positive = 600.0
+    max_memory_gb: Positive | None = None
     grids: Bool = True
     keep_updates: Bool = False
 
@@ -156,6 +164,17 @@ class AuditSpec(PluginTables):
     @classmethod
     def _attacks(cls, attacks: tuple[str, ...]) -> tuple[str, ...]:
         return distinct(attacks, tuple(sorted(ATTACKS)))
+
+    @model_validator(mode="after")
+    def _budget_holds_workers(self) -> AuditSpec:
+        idle = self.workers * IDLE_WORKER_BYTES
+        if self.max_memory_gb is not None and self.max_memory_gb * GB <= idle:
+            raise ValueError(
+                f"audit.max_memory_gb={self.max_memory_gb} does not hold audit.workers="
+                f"{self.workers} idle attack workers ({IDLE_WORKER_BYTES / GB:.1f} GB each): "
+                f"allowed is more than {idle / GB:.1f}"
+            )
+        return self
 
     @property
     def targets(self) -> AttackTable:

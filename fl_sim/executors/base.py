@@ -28,6 +28,10 @@ class WorkerJob(Protocol):
     def arrays(self) -> str:
         """Path of the job's .npz file."""
 
+    @property
+    def peak_bytes(self) -> int:
+        """Estimated memory the job takes above an idle worker's, at its peak."""
+
     def execute(self) -> Any:
         """Do the work, in whichever process the executor chose; the outcome is picklable."""
 
@@ -38,7 +42,11 @@ def run_worker_job(job: WorkerJob) -> Any:
 
 
 class AttackExecutor(Protocol):
-    """Runs worker jobs somewhere and calls back with each result."""
+    """Runs worker jobs somewhere and calls back with each result; ``on_this_machine`` says
+    whether its workers share this machine's memory (then the audit's memory budget caps
+    them)."""
+
+    on_this_machine: bool
 
     def submit(self, job: WorkerJob, on_outcome: OnOutcome, on_error: OnError) -> None:
         """Queue ``job``; later exactly one of ``on_outcome`` (the job returned) or

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
@@ -38,13 +39,25 @@ class PoolExecutor:
         Unused: the pool stays on this machine.
     """
 
+    on_this_machine = True
+
     def __init__(self, workers: int, cluster: ClusterSpec) -> None:
         self.workers = workers
         self._pool: Pool | None = None
         self._results: list[AsyncResult[Any]] = []
+        # Jobs are submitted from the caller's thread and, through a wrapper such as the
+        # memory budget, from the pool's result thread.
+        self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, job: WorkerJob, on_outcome: OnOutcome, on_error: OnError) -> None:
-        """Queue ``job`` in the pool; its callback runs in the pool's result thread."""
+        """Queue ``job`` in the pool; its callback runs in the pool's result thread. After
+        :meth:`close` the job is dropped, unreported."""
+        with self._lock:
+            if not self._closed:
+                self._submit(job, on_outcome, on_error)
+
+    def _submit(self, job: WorkerJob, on_outcome: OnOutcome, on_error: OnError) -> None:
         if self._pool is None:
             threads = max(1, (os.cpu_count() or 1) // self.workers)
             # Read by OpenMP when a worker loads torch, so it must be in the environment the
@@ -65,13 +78,18 @@ class PoolExecutor:
     def wait(self, timeout_s: float) -> bool:
         """Wait for every queued job, ``timeout_s`` in all."""
         deadline = time.monotonic() + timeout_s
-        for result in self._results:
+        with self._lock:
+            results = list(self._results)
+        for result in results:
             result.wait(max(0.0, deadline - time.monotonic()))
-        return all(r.ready() for r in self._results)
+        return all(r.ready() for r in results)
 
     def close(self) -> None:
-        """Terminate the workers (terminate joins the result thread: no late callbacks)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """Terminate the workers (terminate joins the result thread: no late callbacks). The
+        lock is not held meanwhile: a callback in that thread may be submitting."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()
+            pool.join()

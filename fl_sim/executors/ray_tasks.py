@@ -79,6 +79,10 @@ class RayExecutor:
         ``attack_resource``).
     """
 
+    # Ray places tasks by its own resources and stops those its memory monitor flags; the
+    # audit's budget is for this machine's pool.
+    on_this_machine = False
+
     def __init__(self, workers: int, cluster: ClusterSpec) -> None:
         self.workers = workers
         self.cluster = cluster

@@ -17,6 +17,7 @@ from fl_sim.rundir import (
     COHORT_VIEW,
     ERROR,
     INTERRUPTED,
+    OUT_OF_MEMORY,
     REFUSED,
     RESUMABLE,
     ROUNDS,
@@ -29,7 +30,7 @@ from fl_sim.rundir import (
 
 # Statuses of a record whose attack never finished (the others are attacks' verdicts); a record
 # without an attack is a reply left out of aggregation or one the server could not read.
-UNFINISHED = frozenset({INTERRUPTED, TIMEOUT, ERROR, REFUSED})
+UNFINISHED = frozenset({INTERRUPTED, TIMEOUT, OUT_OF_MEMORY, ERROR, REFUSED})
 # Why a reply has no finished attack, besides its records' statuses.
 NO_RECORD = "no record"
 NOT_SCHEDULED = "not scheduled"
@@ -165,8 +166,16 @@ def coverage_note(run_dir: Path) -> str:
         parts.append(
             f"{len(missing)} client replies the audit targets have no record ({per_client})"
         )
-    if cut:
-        parts.append(f"attacks cut short (interrupted or timed out): {len(cut)}")
+    over = [r for r in cut if r.get("status") == OUT_OF_MEMORY]
+    if len(cut) > len(over):
+        parts.append(f"attacks cut short (interrupted or timed out): {len(cut) - len(over)}")
+    if over:
+        largest = max(float(r.get("memory_estimate_gb") or 0) for r in over)
+        parts.append(
+            f"attacks over the memory budget: {len(over)}, estimated at up to {largest:.2f} GB "
+            "each beside the idle workers (`fl-sim audit RUN_DIR --max-memory-gb GB` redoes "
+            "them under a larger budget)"
+        )
     return (
         f"Not audited: {' and '.join(parts)}: the audit did not finish; {resume}. The tables "
         "cover only the others."
