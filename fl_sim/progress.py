@@ -131,6 +131,28 @@ class RunProgress:
             audit = self._audit()
             self._print(f"{label}  {self._last}  {audit + '  ' if audit else ''}{self._elapsed()}")
 
+    def round_trained(self, server_round: int, metrics: str = "") -> None:
+        """``server_round`` was aggregated (for a federation whose server tests no model: a
+        Flower app of one's own), with ``metrics`` to show, e.g. the clients' training loss."""
+        with self._lock:
+            self._last = metrics
+            self._bar.update(self._task, completed=server_round)
+        if not self.live:
+            audit = self._audit()
+            self._print(
+                f"round {server_round}/{self.rounds}  {metrics + '  ' if metrics else ''}"
+                f"{audit + '  ' if audit else ''}{self._elapsed()}"
+            )
+
+    def waiting(self, seconds_left: float) -> None:
+        """The rounds are over and the audit waits for its last attacks, ``seconds_left`` at
+        most (``wait_s``) before recording the rest as timed out."""
+        left = str(timedelta(seconds=int(seconds_left)))
+        with self._lock:
+            self._last = f"waiting for the audit ({left} left of wait_s)"
+        if not self.live:
+            self._print(f"{self._audit()}, up to {left} left of wait_s  {self._elapsed()}")
+
     def attacks_queued(self, count: int) -> None:
         """The audit queued ``count`` more jobs (attacks and proxies)."""
         with self._lock:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from attacks import SpearConfig
 from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.memory import run_memory
 from fl_sim.bench.scale import measure_command, run_facts
 from fl_sim.bench.throughput import ThroughputPlan, run_throughput
 from fl_sim.config import ClusterSpec
@@ -69,3 +70,14 @@ def test_throughput_rows(tmp_path: Path) -> None:
     assert row["per_minute"] == 60.0 * 2 / row["seconds"]
     assert "| pool | 1 |" in (tmp_path / "summary.md").read_text()
     assert not (tmp_path / "jobs").exists()  # job inputs are removed
+
+
+def test_memory_rows_set_each_estimate_beside_the_measured_peak(tmp_path: Path) -> None:
+    (row,) = run_memory([(8, 60, "float64")], real_images(), tmp_path, "test", seed=0)
+    assert row["status"] == "exact"
+    # A worker that imported torch and attacked: its measured peak, and the estimates as the
+    # budget counts them, the unknown batch size's (bounded by min(m, n)) the larger.
+    assert 0.2 < row["peak_gb"] < 3.0
+    assert row["estimate_unknown_gb"] >= row["estimate_declared_gb"] > 0.5
+    assert "| 8 | 60 | float64 |" in (tmp_path / "summary.md").read_text()
+    assert not list(tmp_path.glob("*.npz"))  # job inputs are removed

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from fl_sim.cli.summary import print_summary
 from fl_sim.report.coverage import (
     ClientCoverage,
     client_coverage,
@@ -15,6 +14,7 @@ from fl_sim.report.coverage import (
     coverage_table,
     unaudited,
 )
+from fl_sim.report.terminal import print_summary
 from fl_sim.rundir import (
     AUDIT,
     CHECKPOINT,

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from strategies import InterceptedUpdate
 from tests.processes import VENV_BIN, Processes
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "flower-app"
+MLP_APP = APP.parent / "flower-mlp"
 # The example's normalisation and test split (its own module, not fl-sim's).
 MEAN, STD, TEST_SIZE = (0.3,), (0.4,), 300
 
@@ -122,8 +124,9 @@ def test_auditor_without_data_refuses_the_judges_attacks(tmp_path: Path) -> None
         Auditor(AuditContext(AuditSpec(proxies=True), tmp_path, 0))
 
 
-@pytest.mark.slow
-def test_flwr_run_audits_the_example_app(tmp_path: Path) -> None:
+def _flwr_run(tmp_path: Path, app: Path, rounds: int) -> tuple[Path, str]:
+    """``app`` run by ``flwr run`` on loopback (a SuperLink, two SuperNodes with partitions 0
+    and 1) for ``rounds``; its run directory and flwr run's output."""
     link = free_port()
     flwr_home = tmp_path / "flwr"
     flwr_home.mkdir()
@@ -142,8 +145,8 @@ def test_flwr_run_audits_the_example_app(tmp_path: Path) -> None:
     ]
     run_dir = tmp_path / "run"
     flwr_run = [
-        *(str(VENV_BIN / "flwr"), "run", str(APP), "loopback", "--stream"),
-        *("--run-config", f"num-server-rounds=2 run-dir='{run_dir}'"),
+        *(str(VENV_BIN / "flwr"), "run", str(app), "loopback", "--stream"),
+        *("--run-config", f"num-server-rounds={rounds} run-dir='{run_dir}'"),
     ]
     procs = Processes(tmp_path)
     try:
@@ -160,23 +163,68 @@ def test_flwr_run_audits_the_example_app(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     finally:
         procs.stop()
-    # flwr run exits 0 even when the run failed: the records are the evidence.
+    out = run.stdout + run.stderr
+    (tmp_path / "flwr-run.txt").write_text(out)  # kept with pytest's temporary folders
+    return run_dir, out
+
+
+def _records_of_partitions(run_dir: Path, out: str, rounds: int) -> list[dict[str, Any]]:
+    """The run's records, checked to be one per round and partition, each client placed by its
+    partition (``declare_partition``) beside its node id, with the server's progress and the
+    audit's tables in flwr run's output."""
     records = [json.loads(x) for x in (run_dir / "audit.jsonl").read_text().splitlines()]
-    assert sorted(r["round"] for r in records) == [1, 1, 2, 2], run.stdout[-3000:]
-    # The ground truth, kept apart from the audit: every training image of the example.
+    expected = [(r, c) for r in range(1, rounds + 1) for c in (0, 1)]
+    assert sorted((r["round"], r["client"]) for r in records) == expected, out[-3000:]
+    assert len({r["node_id"] for r in records}) == 2 and all(r["node_id"] > 1 for r in records)
+    assert f"round {rounds}/{rounds}" in out and "attacks done" in out, out[-3000:]
+    assert "Leakage audit" in out, out[-3000:]
+    return records
+
+
+def _training_images() -> np.ndarray:
+    """The ground truth, kept apart from the audit: every training image of the examples."""
     digits = load_digits()
-    images = ((digits.images[TEST_SIZE:].reshape(-1, 64) / 16.0) - MEAN[0]) / STD[0]
+    return ((digits.images[TEST_SIZE:].reshape(-1, 64) / 16.0) - MEAN[0]) / STD[0]
+
+
+def _certified_are_training_images(run_dir: Path, record: dict[str, Any]) -> np.ndarray:
+    """What the attack certifies is a training image, exactly (float32: 1e-4 of the scale);
+    the reconstruction's inputs."""
+    images = _training_images()
+    with np.load(run_dir / record["reconstruction"]) as rec:
+        inputs, certified = rec["inputs"], rec["certified"]
+    assert int(certified.sum()) == record["certified"]
+    for x in inputs[certified]:
+        assert np.abs(images - x).max(axis=1).min() < 1e-4 * np.abs(images).max()
+    return inputs
+
+
+@pytest.mark.slow
+def test_flwr_run_audits_the_example_app(tmp_path: Path) -> None:
+    run_dir, out = _flwr_run(tmp_path, APP, rounds=2)
+    # flwr run exits 0 even when the run failed: the records are the evidence.
+    records = _records_of_partitions(run_dir, out, rounds=2)
     for r in records:
         # No ground truth in the records: what the attack knows, the judge's metrics None.
         assert r["batch_size_estimated"] == 8 and r["batch_size"] is None, r
         assert r["psnr_mean"] is None and r["status"] in ("exact", "partial")
         assert (run_dir / r["grid"]).is_file()
-        with np.load(run_dir / r["reconstruction"]) as rec:
-            inputs, certified = rec["inputs"], rec["certified"]
-        assert inputs.shape == (8, 64) and int(certified.sum()) == r["certified"]
-        # What the attack certifies is a training image, exactly (float32: 1e-4 of the scale).
-        for x in inputs[certified]:
-            assert np.abs(images - x).max(axis=1).min() < 1e-4 * np.abs(images).max()
+        assert _certified_are_training_images(run_dir, r).shape == (8, 64)
     # The first round's fresh model: every client's batch recovered and certified.
     assert [r["certified"] for r in records if r["round"] == 1] == [8, 8], records
     assert "data:image/png" in (run_dir / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_flwr_run_audits_an_app_written_as_flowers_examples(tmp_path: Path) -> None:
+    """F.relu in forward, momentum SGD, one local epoch of shuffled batches of 32 over 40
+    images: two steps per round, the update no single gradient, and nothing declared of it."""
+    run_dir, out = _flwr_run(tmp_path, MLP_APP, rounds=2)
+    records = _records_of_partitions(run_dir, out, rounds=2)
+    for r in records:
+        assert r["defence"] == "undeclared" and r.get("undeclared_noise") is not True, r
+        assert r.get("spectrum_bulk") in (None, "noise or several local steps"), r
+        if r["status"] in ("exact", "partial"):
+            _certified_are_training_images(run_dir, r)
+        else:  # refused, with what the attack read off the spectrum
+            assert r["status"] == "refused" and r["batch_size_estimated"] is not None, r

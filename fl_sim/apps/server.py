@@ -174,7 +174,10 @@ def _federate(
         torch.save(final.to_torch_state_dict(), run_dir / MODEL)
     finally:
         if auditor is not None:
-            auditor.finish(interrupted=interruption is not None and interruption.requested)
+            auditor.finish(
+                interrupted=interruption is not None and interruption.requested,
+                waiting=progress.waiting if progress is not None else None,
+            )
 
 
 def _after(

@@ -3,10 +3,10 @@ honest-but-curious server, its records written to a run directory, no ground tru
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
@@ -17,7 +17,9 @@ from fl_sim.audit.context import AuditContext
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.normalize import Normalization
 from fl_sim.model import array_keys, first_linear
+from fl_sim.progress import RunProgress
 from fl_sim.report import build_report
+from fl_sim.report.terminal import print_summary
 from strategies import HonestButCurious, InterceptedUpdate
 
 
@@ -84,8 +86,10 @@ class AuditedStrategy(HonestButCurious):
 
     A drop-in for a ServerApp's strategy: ``AuditedStrategy(FedAvg(...), "runs/app").start(
     grid=grid, initial_arrays=arrays, num_rounds=3)``. :meth:`start` finds the layer in the
-    initial arrays (refusing at once a model it cannot attack), runs the rounds, then waits for
-    the attacks still running and writes ``report.html``; ``audited.json`` keeps what the audit
+    initial arrays (refusing at once a model it cannot attack), runs the rounds with a progress
+    line each (the audit's attacks done of those queued), then waits for the attacks still
+    running (saying how long is left of ``wait_s``), writes ``report.html`` and prints the
+    audit's tables, as ``fl-sim run`` does; ``audited.json`` keeps what the audit
     was run with, for ``fl-sim audit`` to resume it. With no ground truth each record
     holds what the attack knows: status, estimated batch size, certified (exact) samples,
     timings, the reconstruction (``reconstructions/``) and, for images, its grid (``grids/``).
@@ -147,12 +151,27 @@ class AuditedStrategy(HonestButCurious):
         )
         self.seed = seed
         self.auditor: Auditor | None = None
+        self.progress: RunProgress | None = None
         # The layer and the sink are known once start() has seen the initial arrays.
         super().__init__(strategy, self._file, ("", ""))
 
     def _file(self, update: InterceptedUpdate) -> None:
         if self.auditor is not None:
-            self.auditor(update)
+            queued = self.auditor.queue(update)
+            if self.progress is not None:
+                self.progress.attacks_queued(queued)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Intercept and aggregate as the wrapped strategy would; then a progress line."""
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.progress is not None:
+            shown = "  ".join(
+                f"{k} {v:.3f}" for k, v in (metrics or {}).items() if isinstance(v, float)
+            )
+            self.progress.round_trained(server_round, shown)
+        return arrays, metrics
 
     def start(
         self,
@@ -173,6 +192,8 @@ class AuditedStrategy(HonestButCurious):
             Before any round, when the model has no linear layer followed by ReLU to attack.
         """
         self.layer = find_layer(initial_arrays, self.named_layer, self.model)
+        # Plain lines: under flwr run the ServerApp's output reaches the user through its log.
+        self.progress = RunProgress(num_rounds, self.run_dir, live=False)
         self.auditor = Auditor(
             AuditContext.for_app(
                 self.spec,
@@ -195,5 +216,7 @@ class AuditedStrategy(HonestButCurious):
                 evaluate_fn,
             )
         finally:
-            self.auditor.finish()
+            self.auditor.finish(waiting=self.progress.waiting)
+            self.progress.__exit__(None, None, None)  # the audit's last line
             build_report(self.run_dir)
+            print_summary(self.run_dir)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -53,6 +54,9 @@ from fl_sim.rundir import (
     TIMEOUT,
 )
 from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
+
+# While the attacks queued by the last rounds finish, how often the caller hears how long is left.
+WAITING_EVERY_S = 30.0
 
 
 class Auditor:
@@ -233,15 +237,24 @@ class Auditor:
             queued += 1
         return queued
 
-    def finish(self, interrupted: bool = False) -> None:
+    def finish(
+        self, interrupted: bool = False, waiting: Callable[[float], None] | None = None
+    ) -> None:
         """Wait (up to ``wait_s`` in all) for queued jobs; record the rest as timed out; then
-        write the per-round correlations of the proxies (``forecast.jsonl``).
+        write the per-round correlations of the proxies (``forecast.jsonl``). While it waits,
+        ``waiting`` is told the seconds left every :data:`WAITING_EVERY_S`.
 
         With ``interrupted`` (the run was stopped) nothing is waited for: the jobs still
         running are stopped and recorded as ``interrupted``.
         """
         if not interrupted:
-            self._executor.wait(self.spec.wait_s)
+            deadline = time.monotonic() + self.spec.wait_s
+            while not self._executor.wait(min(WAITING_EVERY_S, deadline - time.monotonic())):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if waiting is not None:
+                    waiting(left)
         self._executor.close()  # no outcome comes back after this
         for (_, _, run), record in self.filing.pending():
             if interrupted:

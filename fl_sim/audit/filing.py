@@ -76,7 +76,7 @@ class Filing:
             # What the attack learnt before refusing (its batch size estimate) stays a field.
             self.write({**record, **out.summary, "status": REFUSED, "reason": out.error}, run)
             return
-        fields = attack_fields(out.summary)
+        fields = attack_fields(out.summary, base.get("declared") or {})
         if self.judge is None:
             # Of the estimated batch: the true size is the client's to know.
             share = out.summary["certified"] / max(out.summary["batch_size"], 1)
@@ -109,7 +109,7 @@ class Filing:
             self.write({**record, "status": REFUSED, "reason": out.error}, run)
             return
         cohort, shares = self.truth().judge_cohort(out, [ids for _, ids in members])
-        fields = attack_fields(out.summary)
+        fields = attack_fields(out.summary, {})  # a sum of clients' updates: no one declared
         for mine, share in zip(per_client, shares, strict=True):
             mine |= {
                 **fields,

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from clients.defences import defence_label
+from clients.defences.base import STEPS
 from clients.reply import TAMPER_FLAGGED, TRAIN_LOSS
 from fl_sim import rundir
 from fl_sim.audit.grid import save_grid, save_row
@@ -79,8 +80,29 @@ def reply_record(
     }
 
 
-def attack_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """What the attack said of its reconstruction, without ground truth."""
+# What a bulk in the update's spectrum beyond the batch's rank means, given what the client
+# declared of its local steps: one gradient plus noise, or no single gradient at all.
+SEVERAL_STEPS = "several local steps"
+UNDECLARED_NOISE = "undeclared noise"
+NOISE_OR_STEPS = "noise or several local steps"
+
+
+def spectrum_bulk(bulk: bool | None, declared: Mapping[str, Any]) -> str | None:
+    """The record's reading of a bulk the attack was not told of (``bulk``): several local
+    steps where the client declared more than one (the update is then no single gradient), noise
+    where it declared one, either where it declared nothing (a Flower app of one's own)."""
+    if not bulk:
+        return None
+    steps = declared.get(STEPS)
+    if steps is None:
+        return NOISE_OR_STEPS
+    return SEVERAL_STEPS if int(steps) > 1 else UNDECLARED_NOISE
+
+
+def attack_fields(summary: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
+    """What the attack said of its reconstruction, without ground truth; ``declared``: what
+    the client said of itself (its local steps name a bulk in the spectrum)."""
+    bulk = spectrum_bulk(summary.get("undeclared_noise"), declared)
     return {
         "status": summary["status"],
         "reason": summary["reason"],
@@ -90,7 +112,8 @@ def attack_fields(summary: Mapping[str, Any]) -> dict[str, Any]:
         "batch_size_confidence": summary.get("batch_size_confidence"),
         "noise_std_estimated": summary.get("noise_std_estimated"),
         "noise_std_used": summary.get("noise_std_used"),
-        "undeclared_noise": summary.get("undeclared_noise"),
+        "undeclared_noise": None if bulk == NOISE_OR_STEPS else bulk == UNDECLARED_NOISE,
+        "spectrum_bulk": bulk,
         "noise_note": summary.get("noise_note"),
         # What the attack vouches for without ground truth: columns (each one sample's
         # output gradient) and samples (inputs), beside what the judge found.

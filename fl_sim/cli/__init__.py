@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from fl_sim.bench import certificates, malicious, scale, secagg, throughput
+from fl_sim.bench import certificates, malicious, memory, scale, secagg, throughput
 from fl_sim.cli import (
     attack,
     audit,
@@ -31,6 +31,7 @@ BENCH_COMMANDS = (
     bench_reach,
     bench_lavp,
     throughput,
+    memory,
     scale,
     secagg,
     malicious,

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from fl_sim.cli.errors import BadInput
-from fl_sim.cli.summary import print_summary
+from fl_sim.report.terminal import print_summary
 
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

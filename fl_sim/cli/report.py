@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fl_sim.cli.summary import print_summary
+from fl_sim.report.terminal import print_summary
 
 
 def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fl_sim.cli.errors import BadInput
-from fl_sim.cli.summary import print_summary
+from fl_sim.report.terminal import print_summary
 
 if TYPE_CHECKING:
     from fl_sim.config import Scenario

@@ -1,4 +1,5 @@
-"""flowerapp: a plain PyTorch ClientApp (nothing of fl-sim here)."""
+"""flowerapp: a plain PyTorch ClientApp (one line of fl-sim, marked, so records name each
+client's partition rather than its node id)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch.utils.data import DataLoader
 
+from clients.declare import declare_partition  # fl-sim
 from flowerapp.task import Net, load_data
 from flowerapp.task import test as test_fn
 from flowerapp.task import train as train_fn
 
-app = ClientApp()
+app = ClientApp(mods=[declare_partition])  # fl-sim: the mod
 
 
 def _data(

@@ -1,5 +1,5 @@
-"""What ``fl-sim run``, ``audit`` and ``report`` print at the end: the audit's summary table and
-the tables of whatever else the run holds."""
+"""What ``fl-sim run``, ``audit`` and ``report`` and an audited Flower app print at the end: the
+audit's summary table and the tables of whatever else the run holds."""
 
 from __future__ import annotations
 
