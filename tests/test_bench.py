@@ -12,8 +12,8 @@ import torch
 from attacks import SpearConfig
 from clients import training_settings
 from fl_sim.audit.metrics import NEAR_EXACT_DB, psnr
-from fl_sim.bench.attack import near_exact_at_true_scale, run_bench, scale_bound
-from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.attack import client_update, near_exact_at_true_scale, run_bench, scale_bound
+from fl_sim.bench.cases import UNIT, AttackCase
 from fl_sim.cli import main
 from fl_sim.data.normalize import Normalization
 from tests.helpers import real_images
@@ -219,3 +219,18 @@ def test_lavp_bench_writes_rows_table_and_scatter(tmp_path: Path) -> None:
     assert (tmp_path / "scatter.png").stat().st_size > 0
     with pytest.raises(ValueError, match="Spearman needs at least 3"):
         LavpPlan(samples=2)
+
+
+def test_an_uncentred_case_feeds_pixels_on_the_unit_range(tmp_path: Path) -> None:
+    case = AttackCase(
+        "tiny [0, 1]", 4, 60, depth=3, centred=False, attack=SpearConfig(starts=200, steps=200)
+    )
+    assert case.normalization(Normalization()) == UNIT
+    view, images, _ = client_update(case, 0, real_images(), Normalization(), torch.float64)
+    # The inputs as the model took them are the pixels themselves: dW^T's row space holds them.
+    x = images.flatten(1)
+    residual = x.T - view["grad_weight"].T @ torch.linalg.lstsq(view["grad_weight"].T, x.T).solution
+    assert float(residual.abs().max()) < 1e-8
+    (summary,) = run_bench([case], real_images(), tmp_path, command="test")
+    row = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
+    assert row["centred"] is False and summary["share_exact_samples"] == 1.0

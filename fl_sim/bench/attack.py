@@ -41,6 +41,7 @@ def client_update(
     in the form ``case.arrays`` asks for, the true images on [0, 1] (B x 3 x 32 x 32) and the
     per-entry noise std of the gradient-equivalent.
     """
+    norm = case.normalization(norm)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(data.labels), case.batch_size, replace=False)
     images = torch.from_numpy(data.images[idx]).permute(0, 3, 1, 2).to(dtype) / 255
@@ -138,6 +139,7 @@ def run_case(
     seconds of one full SVD of the same gradient, timed right after the attack)."""
     dtype = getattr(torch, case.dtype) if case.dtype else dtype
     view, images, noise_std = client_update(case, seed, data, norm, dtype)
+    norm = case.normalization(norm)
     # float64 arrays: as numpy code hands them over (the attack sees no tensor dtype).
     arrays = {k: v.numpy() if case.arrays != "tensors" else v for k, v in view.items()}
     start = time.perf_counter()
@@ -163,6 +165,7 @@ def run_case(
         "width": case.width,
         "depth": case.depth,
         "pretrain": asdict(case.pretrain),
+        "centred": case.centred,
         "defence": case.training.model_dump(),
         "dtype": str(dtype).removeprefix("torch."),
         "arrays": case.arrays,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from attacks import SpearConfig, paper_config
 from clients import TrainingSettings, training_settings
 from fl_sim.bench.pretrain import Pretraining
+from fl_sim.data.normalize import Normalization
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class AttackCase:
         client's weights, as the audit does).
     paper
         The paper's figure for this row, for the side-by-side table ('' when none).
+    centred
+        The images normalised by CIFAR-10's channel statistics, as the simulation feeds them;
+        ``False``: on [0, 1], as torchvision's ``ToTensor()`` gives them with no ``Normalize``
+        (the mean image then dominates every pre-activation).
     """
 
     name: str
@@ -54,6 +59,12 @@ class AttackCase:
     dtype: str | None = None
     arrays: str = "tensors"
     paper: str = ""
+    centred: bool = True
+
+    def normalization(self, centred: Normalization) -> Normalization:
+        """The inputs' normalisation: ``centred`` (the bench's), or none for a case on
+        [0, 1] pixels."""
+        return centred if self.centred else UNIT
 
     def __post_init__(self) -> None:
         if self.arrays not in ARRAYS:
@@ -63,6 +74,8 @@ class AttackCase:
 
 
 ARRAYS = ("tensors", "float64", "float64-diff")
+# Pixels on [0, 1] as they are: no normalisation to undo.
+UNIT = Normalization((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
 
 
 _DP_SMALL = training_settings("dp", lr=0.01, clip=2.0, noise_multiplier=1e-4)
@@ -220,6 +233,21 @@ NOISE_BLIND: tuple[AttackCase, ...] = (
     noise_blind(_with(PAPER[11], seeds=(0, 1, 2))),
 )
 
+# Un-centred inputs ([0, 1] pixels, no Normalize) beside the same images centred, on PyTorch's
+# default initialisation with one hidden layer more than the head's (depth 3): the issue's rows.
+UNCENTRED: tuple[AttackCase, ...] = tuple(
+    AttackCase(
+        f"{'centred' if centred else '[0, 1]'} B={b} m={m}",
+        b,
+        m,
+        depth=3,
+        seeds=(0, 1, 2),
+        centred=centred,
+    )
+    for b, m in ((10, 256), (20, 256), (50, 1000), (100, 1000))
+    for centred in (True, False)
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -234,4 +262,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "beyond": BEYOND,
     "trained": TRAINED,
     "noise-blind": NOISE_BLIND,
+    "uncentred": UNCENTRED,
 }

@@ -73,6 +73,12 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="how the update reaches the attack: the client's tensors, widened to float64 "
         "numpy arrays, or (sent - received) / lr computed in float64",
     )
+    custom.add_argument(
+        "--uncentred",
+        action="store_true",
+        help="pixels on [0, 1], as ToTensor() gives them without Normalize (default: centred "
+        "by CIFAR-10's channel statistics)",
+    )
     attack.add_argument(
         "--noise-blind",
         action="store_true",
@@ -130,7 +136,9 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
         raise SystemExit(f"fl-sim bench attack: {err}") from None
     name = (
         f"{args.surrogate} {args.optimiser} {args.defence} B={args.batch_size} "
-        f"m={args.width} depth={args.depth}" + (" [paper method]" if args.method == "paper" else "")
+        f"m={args.width} depth={args.depth}"
+        + (" [paper method]" if args.method == "paper" else "")
+        + (" [0, 1] inputs" if args.uncentred else "")
     )
     return AttackCase(
         name,
@@ -141,6 +149,7 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
         attack=attack,
         knows_batch_size=args.knows_batch_size,
         arrays=args.arrays,
+        centred=not args.uncentred,
     )
 
 
