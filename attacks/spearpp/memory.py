@@ -1,23 +1,32 @@
 """SPEAR++'s peak memory, estimated before it runs, so an audit can schedule attacks by it.
 
-A fit to peaks measured on the CPU (resident memory above an idle worker, float64 arrays of
-CIFAR-10 updates, B = 100 to 512, m = 1,000 to 4,000; ``docs/audit.md``), rounded up: every
-measured peak lies 8% to 31% below its estimate. Three parts:
+An upper bound built from the engine's largest allocations, its constants fitted to peaks
+measured in the audit's own workers (``fl-sim bench memory``, the results row ``memory``):
 
 - the arrays: the job's weights and gradient, a temporary while they are read, and the
   factorisation's copies (five m x n float64 arrays in all);
-- the search, whose batched tensors grow as B^2 (about 1,000 float64 entries per B^2, the
-  starts' rows and their Gram matrices) until chunking by ``max_elements`` caps them at six
-  chunks' worth (saturated from B of about 300 on). Without the batch size, B is bounded by
-  the gradient's rank, at most min(m, n).
+- the sign search's batched rows and Gram matrices, which grow as B^2 (about 1,000 float64
+  entries per B^2) until chunking by ``max_elements`` caps them at six chunks' worth;
+- the max-margin fits of a complement round's candidate patterns (up to about 3,000), one
+  B x B Hessian each, chunked by :data:`~attacks.spearpp.signs.FIT_ELEMENTS` with several
+  copies alive: at B=512, m=4000 they took the worker to 4.3 GB (seven copies counted, for a
+  margin). The two stages do not overlap.
+
+Without the batch size, B is bounded by the gradient's rank, at most min(m, n). The bound is
+loose where the complement rounds never run (small B, found by the sign search alone): up to
+about twice the measured peak there.
 """
 
 from __future__ import annotations
+
+from attacks.spearpp.signs import FIT_ELEMENTS
 
 FLOAT64_BYTES = 8
 ARRAY_COPIES = 5
 SEARCH_BYTES_PER_SQUARED_COLUMN = 1_000 * FLOAT64_BYTES
 SEARCH_CHUNKS = 6
+FIT_CANDIDATES = 3_000
+FIT_COPIES = 7
 
 
 def peak_bytes(width: int, inputs: int, batch_size: int | None, max_elements: int) -> int:
@@ -26,5 +35,9 @@ def peak_bytes(width: int, inputs: int, batch_size: int | None, max_elements: in
     engine's ``max_elements`` per chunk."""
     arrays = ARRAY_COPIES * width * inputs * FLOAT64_BYTES
     columns = min(width, inputs) if batch_size is None else batch_size
-    cap = SEARCH_CHUNKS * max_elements * FLOAT64_BYTES
-    return arrays + min(cap, SEARCH_BYTES_PER_SQUARED_COLUMN * columns**2)
+    search = min(
+        SEARCH_CHUNKS * max_elements * FLOAT64_BYTES,
+        SEARCH_BYTES_PER_SQUARED_COLUMN * columns**2,
+    )
+    fits = FIT_COPIES * min(FIT_ELEMENTS, FIT_CANDIDATES * columns**2) * FLOAT64_BYTES
+    return arrays + max(search, fits)

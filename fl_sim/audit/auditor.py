@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from attacks import ATTACKS
-from clients.defences.base import EPSILON
+from clients.defences.base import BATCH_SIZE, EPSILON
 from clients.reply import PARTITION_ID, SAMPLE_IDS
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.filing import Filing
@@ -323,7 +323,11 @@ class Auditor:
         arrays = write_arrays(self.log.job_path(base, run.label), view.weights, view.gradient)
         config = run.config(self.spec, self._job_seed(base))
         attack = ATTACKS[run.attack]
-        peak = attack.peak_bytes(view, config)
+        # Scheduling is not attacking: the batch size a client declares in the clear bounds the
+        # estimate even where the attack is not told it (else B is bounded by the layer).
+        declared = (base.get("declared") or {}).get(BATCH_SIZE)
+        sized = view if declared is None else dataclasses.replace(view, batch_size=int(declared))
+        peak = attack.peak_bytes(sized if view.batch_size is None else view, config)
         view = dataclasses.replace(view, weights={}, gradient={})
         return AttackJob(
             base["round"], base["client"], run.label, attack, arrays, view, config, peak
