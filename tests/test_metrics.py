@@ -49,3 +49,16 @@ def test_certificates_are_judged_against_the_nearest_true_sample() -> None:
         "certified_not_near_exact": 1,
         "exact_uncertified": 1,  # [0, 0], reconstructed exactly but not certified
     }
+
+
+def test_an_exact_reconstruction_is_matched_beside_far_off_ones() -> None:
+    """Next to a reconstruction far off along a - b, matching on squared error pairs the exact
+    copy of a with b (its total is smaller); on PSNR the exact pair stands."""
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.rand(2, 3, 8, 8, generator=g, dtype=torch.float64)
+    orig = torch.stack([a, b])
+    rec = torch.stack([a.clone(), a + 3 * (a - b)])
+    squared = torch.cdist(orig.flatten(1), rec.flatten(1)).square()
+    assert squared[0, 1] + squared[1, 0] < squared[0, 0] + squared[1, 1]  # MSE would swap
+    q = match_and_score(rec, orig)
+    assert q.match.tolist() == [0, 1] and q.psnr[0] == PSNR_CAP and q.share_exact == 0.5
