@@ -3,17 +3,23 @@ write them; refused, naming what was found, where SPEAR++ cannot attack."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 
 from fl_sim.attacked_layer import LayerError, traced_layers
-from fl_sim.audit.audited import AuditError, find_layer
+from fl_sim.audit.audited import AuditedStrategy, AuditError, find_layer
+from fl_sim.config.schema import AuditSpec
 from fl_sim.model import fc_relu_net, first_linear, next_linear
+from fl_sim.rundir import AUDIT, read_jsonl
+from tests.test_rundir import _LocalClients
 
 
 class FunctionalRelu(nn.Module):
@@ -167,3 +173,57 @@ def test_the_audited_strategys_layer_from_the_model_as_people_write_it() -> None
         find_layer(ArrayRecord(SigmoidAfter().state_dict()), model=SigmoidAfter())
     with pytest.raises(AuditError, match="layer='fc9': the model has no module of that name"):
         find_layer(arrays, layer="fc9", model=DataDependent())
+
+
+class _Styled(nn.Module):
+    """One 64-pixel MLP written in each of the ways people write it."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self.style = style
+        if style == "declared-backwards":  # the head first; .relu_() as a method
+            self.head = nn.Linear(200, 10)
+            self.fc1 = nn.Linear(64, 200)
+        else:
+            self.fc1, self.head = nn.Linear(64, 200), nn.Linear(200, 10)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> Any:
+        flat = x.view(x.size(0), -1)
+        if self.style == "functional":
+            return self.head(F.relu(self.fc1(flat)))
+        if self.style == "reused-module":
+            return self.head(self.act(self.fc1(flat)))
+        if self.style == "torch-relu-in-place":
+            return self.head(F.relu(self.fc1(flat), inplace=True))
+        return self.head(self.fc1(flat).relu_())
+
+
+@pytest.mark.parametrize(
+    "style", ["functional", "reused-module", "torch-relu-in-place", "declared-backwards"]
+)
+def test_each_style_is_audited_through_the_documented_call(
+    style: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's call, unchanged, on a ServerApp's rounds driven in-process: every update of
+    every style reconstructed and certified."""
+    for key, value in {"_task_id": 1, "_run_id": 1, "_node_id": 0}.items():
+        monkeypatch.setattr(TaskIdentity, key, value)
+    torch.manual_seed(0)
+    model = _Styled(style)
+    strategy = AuditedStrategy(
+        FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2),
+        tmp_path,
+        model=model,
+        input_shape=(1, 8, 8),
+        settings=AuditSpec(spearpp={"time_budget_s": 30.0}),
+    )
+    strategy.start(
+        grid=_LocalClients(_Styled(style)),
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=1,
+    )
+    assert strategy.layer == ("fc1.weight", "fc1.bias")
+    records = read_jsonl(tmp_path / AUDIT)
+    assert sorted(r["client"] for r in records) == [101, 202]
+    assert all(r["status"] == "exact" and r["certified"] == 8 for r in records), records
