@@ -4,6 +4,7 @@ with its estimate, its update kept, and a later audit under a larger budget redo
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -172,3 +173,16 @@ def test_an_attack_over_the_budget_is_recorded_and_redone_under_a_larger_one(
     # The worker measured its own peak: a process that imported torch and attacked.
     assert redone["memory_peak_gb"] > 0.2
     assert not (tmp_path / UPDATES_DIR / "r001-c000.npz").exists()
+
+
+MEASURED = Path(__file__).resolve().parents[1] / "bench" / "results" / "memory" / "rows.jsonl"
+
+
+def test_the_estimate_bounds_every_peak_measured_in_the_audits_workers() -> None:
+    """The results row ``memory``: each worker's measured peak at or below the estimate the
+    audit schedules by (today's estimator on the row's B and m, the batch size declared)."""
+    rows = [json.loads(line) for line in MEASURED.read_text().splitlines()]
+    assert len(rows) >= 8 and all(r["peak_gb"] for r in rows)
+    for r in rows:
+        bound = peak_bytes(r["width"], 3072, r["batch_size"], SpearConfig().max_elements)
+        assert worker_peak_gb(bound) >= r["peak_gb"], r
