@@ -234,13 +234,15 @@ NOISE_BLIND: tuple[AttackCase, ...] = (
 )
 
 # Un-centred inputs ([0, 1] pixels, no Normalize) beside the same images centred, on PyTorch's
-# default initialisation with one hidden layer more than the head's (depth 3): the rows.
+# default initialisation with one hidden layer more than the head's (depth 3), 60 s an attack
+# (what fails runs every pass otherwise).
 UNCENTRED: tuple[AttackCase, ...] = tuple(
     AttackCase(
         f"{'centred' if centred else '[0, 1]'} B={b} m={m}",
         b,
         m,
         depth=3,
+        attack=SpearConfig(time_budget_s=60.0),
         seeds=(0, 1, 2),
         centred=centred,
     )
