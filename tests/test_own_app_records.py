@@ -58,6 +58,7 @@ def test_declare_partition_names_the_nodes_partition_in_training_replies() -> No
         (True, {"steps": 12}, SEVERAL_STEPS),
         (True, {"steps": 1}, UNDECLARED_NOISE),
         (True, {}, NOISE_OR_STEPS),
+        (True, {"steps": "many"}, NOISE_OR_STEPS),
     ],
 )
 def test_a_bulk_in_the_spectrum_is_read_by_the_declared_steps(

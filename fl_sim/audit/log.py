@@ -93,10 +93,11 @@ def spectrum_bulk(bulk: bool | None, declared: Mapping[str, Any]) -> str | None:
     where it declared one, either where it declared nothing (a Flower app of one's own)."""
     if not bulk:
         return None
-    steps = declared.get(STEPS)
-    if steps is None:
+    try:
+        steps = int(declared[STEPS])
+    except (KeyError, TypeError, ValueError):  # not declared, or not a count (a user's app)
         return NOISE_OR_STEPS
-    return SEVERAL_STEPS if int(steps) > 1 else UNDECLARED_NOISE
+    return SEVERAL_STEPS if steps > 1 else UNDECLARED_NOISE
 
 
 def attack_fields(summary: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:

@@ -86,12 +86,13 @@ class ProxyJob:
 # Copies of the model a sample's proxies hold at once: its weights, the gradient, the graph of
 # the Hessian-vector products and the Lanczos vectors (a rough bound, not measured).
 PROXY_MODEL_COPIES = 8
+FLOAT64_BYTES = 8
 
 
 def proxy_peak_bytes(weights: dict[str, np.ndarray], inputs: np.ndarray) -> int:
     """Estimated peak of a proxy job over the model ``weights`` and the batch ``inputs``."""
-    model = sum(int(np.asarray(w, dtype=np.float64).nbytes) for w in weights.values())
-    return PROXY_MODEL_COPIES * model + 2 * int(np.asarray(inputs, dtype=np.float64).nbytes)
+    model = sum(int(np.size(w)) for w in weights.values()) * FLOAT64_BYTES
+    return PROXY_MODEL_COPIES * model + 2 * int(np.size(inputs)) * FLOAT64_BYTES
 
 
 def write_proxy_arrays(
