@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +186,23 @@ def test_the_estimate_bounds_every_peak_measured_in_the_audits_workers() -> None
     for r in rows:
         bound = peak_bytes(r["width"], 3072, r["batch_size"], SpearConfig().max_elements)
         assert worker_peak_gb(bound) >= r["peak_gb"], r
+
+
+def test_a_declared_batch_size_bounds_the_estimate_and_a_bad_one_is_ignored(
+    tmp_path: Path,
+) -> None:
+    """Scheduling is not attacking: the size a client declares in the clear narrows the
+    estimate though the attack is not told it; a size that is no count leaves the layer's bound."""
+    auditor = Auditor(
+        AuditContext(AuditSpec.model_validate({**SPEC, "max_memory_gb": 0.601}), tmp_path, 0)
+    )
+    for client, size in ((0, 3), (1, "three"), (2, None)):
+        update = _update(1, client, m=200)
+        declared = {**update.declared, **({"batch-size": size} if size is not None else {})}
+        auditor(replace(update, declared=declared))
+    auditor.finish()
+    estimates = {r["client"]: r["memory_estimate_gb"] for r in read_jsonl(tmp_path / AUDIT)}
+    chunk = SpearConfig().max_elements
+    bound = worker_peak_gb(peak_bytes(200, 3072, None, chunk))
+    assert estimates == {0: worker_peak_gb(peak_bytes(200, 3072, 3, chunk)), 1: bound, 2: bound}
+    assert estimates[0] < bound

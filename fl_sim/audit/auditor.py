@@ -325,9 +325,8 @@ class Auditor:
         attack = ATTACKS[run.attack]
         # Scheduling is not attacking: the batch size a client declares in the clear bounds the
         # estimate even where the attack is not told it (else B is bounded by the layer).
-        declared = (base.get("declared") or {}).get(BATCH_SIZE)
-        sized = view if declared is None else dataclasses.replace(view, batch_size=int(declared))
-        peak = attack.peak_bytes(sized if view.batch_size is None else view, config)
+        size = view.batch_size or _declared_size(base.get("declared") or {})
+        peak = attack.peak_bytes(dataclasses.replace(view, batch_size=size), config)
         view = dataclasses.replace(view, weights={}, gradient={})
         return AttackJob(
             base["round"], base["client"], run.label, attack, arrays, view, config, peak
@@ -357,3 +356,13 @@ class Auditor:
     def _job_seed(self, base: Mapping[str, Any]) -> int:
         # One seed per (run, round, client), the same when a resumed audit redoes the job.
         return int(self.seed * 7919 + base["round"] * 101 + base["client"])
+
+
+def _declared_size(declared: Mapping[str, Any]) -> int | None:
+    """The batch size a client declares, if it is a positive count (a user's app may send
+    anything)."""
+    try:
+        size = int(declared[BATCH_SIZE])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return size if size > 0 else None
