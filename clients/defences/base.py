@@ -161,6 +161,16 @@ class UpdateMod(Defence):
         appends its name to the reply's :data:`UPDATE_MODS`."""
 
 
+def declared_count(declared: Mapping[str, Any], key: str) -> int | None:
+    """A count a client declares (``steps``, ``batch-size``), if it is a positive integer: a
+    user's own app may send anything, or nothing."""
+    try:
+        count = int(declared[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return count if count > 0 else None
+
+
 def released(reply: Message) -> bool:
     """Whether a reply carries an update (a failed round's reply has no arrays)."""
     return not reply.has_error() and isinstance(reply.content.get(ARRAYS), ArrayRecord)

@@ -32,7 +32,7 @@ from fl_sim.apps.client import drawn_samples
 from fl_sim.apps.interruption import InterruptibleGrid, Interruption, RunInterruptedError
 from fl_sim.apps.recorder import RunRecorder
 from fl_sim.apps.secagg_server import federate_secagg
-from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.auditor import Auditor, counted
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.log import AuditLog
 from fl_sim.audit.reaudit import resumed_auditor
@@ -43,11 +43,9 @@ from fl_sim.rundir import MODEL
 from strategies import (
     FaultTolerant,
     HonestButCurious,
-    InterceptedUpdate,
     LeftOut,
     RoundOffset,
     Tampering,
-    UpdateSink,
 )
 from strategies.core import ServerCore
 
@@ -145,7 +143,7 @@ def _federate(
         else:  # what the killed run had queued and not finished; later rounds run again
             auditor, _ = resumed_auditor(audit_context, AuditLog(run_dir), resumed[0])
         strategy = HonestButCurious(
-            strategy, _counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core
+            strategy, counted(auditor, progress), layer, keep_whole=auditor.keeps_whole, core=core
         )
 
     def left_out(fault: LeftOut) -> None:
@@ -188,18 +186,6 @@ def _after(
     return lambda server_round, arrays: (
         None if server_round == 0 else evaluate(done + server_round, arrays)
     )
-
-
-def _counted(auditor: Auditor, progress: RunProgress | None) -> UpdateSink:
-    """The auditor as the strategy's sink, telling ``progress`` how many jobs each update
-    queued."""
-    if progress is None:
-        return auditor
-
-    def queue(update: InterceptedUpdate) -> None:
-        progress.attacks_queued(auditor.queue(update))
-
-    return queue
 
 
 def make_server_app(

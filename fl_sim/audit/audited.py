@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from torch import nn
 
 from attacks import ATTACKS
-from fl_sim.audit.auditor import Auditor
+from fl_sim.audit.auditor import Auditor, counted
 from fl_sim.audit.context import AuditContext
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.normalize import Normalization
@@ -153,13 +153,7 @@ class AuditedStrategy(HonestButCurious):
         self.auditor: Auditor | None = None
         self.progress: RunProgress | None = None
         # The layer and the sink are known once start() has seen the initial arrays.
-        super().__init__(strategy, self._file, ("", ""))
-
-    def _file(self, update: InterceptedUpdate) -> None:
-        if self.auditor is not None:
-            queued = self.auditor.queue(update)
-            if self.progress is not None:
-                self.progress.attacks_queued(queued)
+        super().__init__(strategy, _before_start, ("", ""))
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -205,18 +199,26 @@ class AuditedStrategy(HonestButCurious):
                 self.normalization,
             )
         )
+        self.sink = counted(self.auditor, self.progress)
         try:
-            return super().start(
-                grid,
-                initial_arrays,
-                num_rounds,
-                timeout,
-                train_config,
-                evaluate_config,
-                evaluate_fn,
-            )
+            with self.progress:  # its last line once the audit is done
+                try:
+                    return super().start(
+                        grid,
+                        initial_arrays,
+                        num_rounds,
+                        timeout,
+                        train_config,
+                        evaluate_config,
+                        evaluate_fn,
+                    )
+                finally:
+                    self.auditor.finish(waiting=self.progress.waiting)
         finally:
-            self.auditor.finish(waiting=self.progress.waiting)
-            self.progress.__exit__(None, None, None)  # the audit's last line
             build_report(self.run_dir)
             print_summary(self.run_dir)
+
+
+def _before_start(update: InterceptedUpdate) -> None:
+    """No reply reaches the sink before :meth:`AuditedStrategy.start` sets the real one."""
+    raise RuntimeError("AuditedStrategy intercepted a reply before start()")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from attacks import ATTACKS
-from clients.defences.base import BATCH_SIZE, EPSILON
+from clients.defences.base import BATCH_SIZE, EPSILON, declared_count
 from clients.reply import PARTITION_ID, SAMPLE_IDS
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.filing import Filing
@@ -44,6 +44,7 @@ from fl_sim.executors.budget import (
     worker_peak_gb,
 )
 from fl_sim.model import array_keys, next_linear
+from fl_sim.progress import RunProgress
 from fl_sim.rundir import (
     AGGREGATE_VIEW,
     COHORT_VIEW,
@@ -53,7 +54,7 @@ from fl_sim.rundir import (
     REFUSED,
     TIMEOUT,
 )
-from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut
+from strategies import InterceptedAggregate, InterceptedUpdate, LeftOut, UpdateSink
 
 # While the attacks queued by the last rounds finish, how often the caller hears how long is left.
 WAITING_EVERY_S = 30.0
@@ -325,7 +326,7 @@ class Auditor:
         attack = ATTACKS[run.attack]
         # Scheduling is not attacking: the batch size a client declares in the clear bounds the
         # estimate even where the attack is not told it (else B is bounded by the layer).
-        size = view.batch_size or _declared_size(base.get("declared") or {})
+        size = view.batch_size or declared_count(base.get("declared") or {}, BATCH_SIZE)
         peak = attack.peak_bytes(dataclasses.replace(view, batch_size=size), config)
         view = dataclasses.replace(view, weights={}, gradient={})
         return AttackJob(
@@ -358,11 +359,13 @@ class Auditor:
         return int(self.seed * 7919 + base["round"] * 101 + base["client"])
 
 
-def _declared_size(declared: Mapping[str, Any]) -> int | None:
-    """The batch size a client declares, if it is a positive count (a user's app may send
-    anything)."""
-    try:
-        size = int(declared[BATCH_SIZE])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return size if size > 0 else None
+def counted(auditor: Auditor, progress: RunProgress | None) -> UpdateSink:
+    """The auditor as a strategy's sink, telling ``progress`` how many jobs each update
+    queued."""
+    if progress is None:
+        return auditor
+
+    def queue(update: InterceptedUpdate) -> None:
+        progress.attacks_queued(auditor.queue(update))
+
+    return queue

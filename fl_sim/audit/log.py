@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from clients.defences import defence_label
-from clients.defences.base import STEPS
+from clients.defences.base import STEPS, declared_count
 from clients.reply import TAMPER_FLAGGED, TRAIN_LOSS
 from fl_sim import rundir
 from fl_sim.audit.grid import save_grid, save_row
@@ -93,9 +93,8 @@ def spectrum_bulk(bulk: bool | None, declared: Mapping[str, Any]) -> str | None:
     where it declared one, either where it declared nothing (a Flower app of one's own)."""
     if not bulk:
         return None
-    try:
-        steps = int(declared[STEPS])
-    except (KeyError, TypeError, ValueError):  # not declared, or not a count (a user's app)
+    steps = declared_count(declared, STEPS)
+    if steps is None:
         return NOISE_OR_STEPS
     return SEVERAL_STEPS if steps > 1 else UNDECLARED_NOISE
 

@@ -3,10 +3,13 @@ record the command line that made it."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fl_sim.data.cifar10 import ImageSet, load_cifar10
 
@@ -36,3 +39,21 @@ def results_folder(out: str | None, name: str) -> Path:
 def command_line() -> str:
     """The running command as a user would retype it, for the results' records."""
     return "fl-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def record_row(
+    out: Path,
+    row: dict[str, Any],
+    rows: list[dict[str, Any]],
+    meta: dict[str, Any],
+    markdown: Callable[[list[dict[str, Any]], dict[str, Any]], str],
+) -> None:
+    """Add a measured ``row`` to ``rows`` and to ``out/rows.jsonl``, then rewrite
+    ``summary.json`` and ``summary.md`` (``meta`` stamped with the time): a benchmark stopped
+    midway keeps every row it measured."""
+    rows.append(row)
+    with (out / "rows.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    (out / "summary.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / "summary.md").write_text(markdown(rows, meta))

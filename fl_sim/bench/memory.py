@@ -13,9 +13,7 @@ declared and without.
 from __future__ import annotations
 
 import argparse
-import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from attacks import ATTACKS, ServerView
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
-from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.invocation import bench_data, command_line, record_row, results_folder
 from fl_sim.bench.machine import machine, measured_header
 from fl_sim.config.schema import AuditSpec
 from fl_sim.data.cifar10 import ImageSet
@@ -145,15 +143,9 @@ def run_memory(
         "seed": seed,
         "command": command,
     }
-    rows = []
+    rows: list[dict[str, Any]] = []
     for batch_size, width, dtype in cases:
-        row = measure(batch_size, width, dtype, data, out, seed)
-        rows.append(row)
-        with (out / "rows.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        (out / "summary.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        (out / "summary.md").write_text(markdown(rows, meta))
+        record_row(out, measure(batch_size, width, dtype, data, out, seed), rows, meta, markdown)
     return rows
 
 

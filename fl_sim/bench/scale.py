@@ -8,7 +8,6 @@ all its descendants (Ray's GCS, raylet and workers, the attack pool) from /proc 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_sim.bench.invocation import command_line, results_folder
+from fl_sim.bench.invocation import command_line, record_row, results_folder
 from fl_sim.bench.machine import machine, measured_header
 from fl_sim.proctree import stop_trees, tree_memory
 from fl_sim.rundir import AUDIT, DATA, ROUNDS, read_json, read_jsonl
@@ -152,7 +151,7 @@ def run_scale(
         "overrides": overrides,
         "command": command,
     }
-    rows = []
+    rows: list[dict[str, Any]] = []
     for run in runs:
         name = f"{run.clients}-clients-audit-{'on' if run.audit else 'off'}"
         run_dir = out / "runs" / name
@@ -168,12 +167,7 @@ def run_scale(
         args += [a for s in sets for a in ("--set", s)] + ["--out", str(run_dir)]
         measured = measure_command(args, out / f"{name}.log", timeout_s)
         row = {"clients": run.clients, "audit": run.audit, **measured, **run_facts(run_dir)}
-        rows.append(row)
-        with (out / "rows.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        (out / "summary.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        (out / "summary.md").write_text(markdown(rows, meta))
+        record_row(out, row, rows, meta, markdown)
     return rows
 
 

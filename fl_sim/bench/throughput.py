@@ -9,7 +9,6 @@ start-up), then the measured batch: all jobs submitted at once, timed until the 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -25,7 +24,7 @@ from attacks import ATTACKS, ServerView, SpearConfig
 from fl_sim.audit.job import AttackJob, AttackOutcome, write_arrays
 from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import AttackCase
-from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.invocation import bench_data, command_line, record_row, results_folder
 from fl_sim.bench.machine import machine, measured_header
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
@@ -180,7 +179,7 @@ def run_throughput(
         "attack_cpus": plan.cluster.attack_cpus,
         "command": command,
     }
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         if "ray" in plan.executors:
             # One connection for every row, so each row's warm-up is its workers' start only.
@@ -194,14 +193,7 @@ def run_throughput(
             for workers in plan.workers:
                 row = measure(name, workers, plan.cluster, warm, jobs)
                 log.info("%s x%d: %.1f reconstructions/min", name, workers, row["per_minute"])
-                rows.append(row)
-                with (out / "rows.jsonl").open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-                (out / "summary.json").write_text(
-                    json.dumps({"meta": meta, "rows": rows}, indent=2)
-                )
-                (out / "summary.md").write_text(markdown(rows, meta))
+                record_row(out, row, rows, meta, markdown)
     finally:
         if ray.is_initialized():
             ray.shutdown()
