@@ -16,13 +16,14 @@ from attacks.spearpp.last_column import settle_uncertain
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.solve import (
-    PIN_SLACK_EXACT,
+    PIN_SPREAD_EXACT,
     QUIET_INACTIVE,
     STRAY_MAX,
     Solution,
     fits_a_column,
     inactive_noise,
     pin_slack,
+    pin_spread,
     refit_to_inputs,
     solve_inputs,
     sparsity_matching,
@@ -120,13 +121,20 @@ def certified(state: SpearState) -> Reconstruction:
     consistent = bool((stray <= STRAY_MAX).all())
     # Noiseless float64 columns vouch for exact inputs only where their zeros pin them firmly:
     # a share of another column slipped into one corrupts a third sample's input by that share.
-    slack = pin_slack(columns, left, rule) if not coarse else torch.zeros(b, dtype=torch.float64)
-    pinned = bool((slack <= PIN_SLACK_EXACT).all())
+    slack = torch.zeros(b, dtype=torch.float64)
+    spread = torch.zeros(b, dtype=torch.float64)
+    if not coarse:
+        slack = pin_slack(columns, left, rule)
+        spread = pin_spread(columns, slack, fac.right, solution.inputs)
+    firm = spread.cpu() <= PIN_SPREAD_EXACT
     # The paper's filter (refine = "none") takes points as they are: a column it verifies is
     # near-sparse, not pinned by its zeros, so it vouches for no sample.
     certifying = state.config.refinement != "none"
-    exact = certifying and found >= b and matched and consistent and pinned
-    inputs, certified = solution.inputs, torch.full((b,), exact, dtype=torch.bool)
+    whole = certifying and found >= b and matched and consistent
+    exact = whole and bool(firm.all())
+    inputs = solution.inputs
+    # Each sample is vouched for as far as the columns' slack leaves its own input exact.
+    certified = firm if whole else torch.zeros(b, dtype=torch.bool)
     confidence, settled = solution.matching, 0
     if certifying and not exact and found == b - 1 and harvest.unpinned is not None and not coarse:
         # Every sample is fixed but those whose columns share the last one's zeros, which the
@@ -178,7 +186,9 @@ def certified(state: SpearState) -> Reconstruction:
             "repairs": state.repairs,
         },
         settings=state.settings,
-        reason=_reason(state, exact, mixed, certifying, stray, certified, confidence, slack),
+        reason=_reason(
+            state, exact, mixed, certifying, stray, certified, confidence, slack, spread
+        ),
         **fac.report(),
     )
 
@@ -192,6 +202,7 @@ def _reason(
     certified: torch.Tensor,
     confidence: torch.Tensor,
     slack: torch.Tensor,
+    spread: torch.Tensor,
 ) -> str:
     """Why the batch is not certified whole (empty when it is)."""
     b, found, harvest = state.batch_size, state.found, state.harvest
@@ -216,12 +227,12 @@ def _reason(
         f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples certified, "
         f"lowest sparsity matching {float(confidence.min()):.3f}"
     )
-    loose = int((slack > PIN_SLACK_EXACT).sum())
+    loose = int((spread > PIN_SPREAD_EXACT).sum())
     if found >= b and loose:
         reason += (
-            f"; {loose} columns are pinned loosely by their zeros (another column nearly "
-            f"vanishes there too: slack up to {float(slack.max()):.1e}), so a share of one "
-            "sample's input may sit in another's"
+            f"; columns are pinned loosely by their zeros (another column nearly vanishes "
+            f"there too: slack up to {float(slack.max()):.1e}), so {loose} samples' inputs may "
+            f"hold a share of another's (up to {float(spread.max()):.1e} of their norm)"
         )
     if found == b - 1 and harvest.unpinned is not None and not coarse_certificate(state):
         reason += (

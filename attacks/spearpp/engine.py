@@ -30,6 +30,9 @@ def run_spearpp(
     """Reconstruct the batch behind ``obs``; see :func:`attacks.reconstruct`."""
     clock = Clock()
     started = time.perf_counter()
+    silent = obs.silent()
+    if bool(silent.any()):
+        obs = obs.restricted(~silent)
     generator = torch.Generator().manual_seed(config.seed)
     with clock.stage("factorise"):
         fac = factorise(
@@ -39,7 +42,7 @@ def run_spearpp(
             precision=obs.precision,
             generator=generator,
         )
-    chosen = stages.settings_of(obs, config, fac, batch_size, noise_std)
+    chosen = stages.settings_of(obs, config, fac, batch_size, noise_std, int(silent.sum()))
     if fac.batch_size == 0:
         return stages.nothing_to_attack(obs, fac, clock, started, chosen[0])
     state = stages.prepared(obs, config, fac, clock, generator, started, chosen)

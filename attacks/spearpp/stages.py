@@ -53,9 +53,11 @@ def settings_of(
     fac: Factorisation,
     batch_size: int | None,
     declared_noise: float | None,
+    silent: int,
 ) -> tuple[dict[str, Any], str, bool]:
     """The settings every record carries, the null steps' rule and whether the scales come
-    from the next layer's bias gradient too."""
+    from the next layer's bias gradient too; ``silent`` neurons were left out of the search
+    (see :meth:`LayerObservation.silent`)."""
     noise_std = fac.noise_std  # declared, or fitted to the spectrum
     # Without noise the bias gradient fixes the scales exactly already.
     next_layer = config.next_layer_scale and obs.next_layer is not None and bool(noise_std)
@@ -70,6 +72,7 @@ def settings_of(
         "declared_noise_std": declared_noise,
         "precision": obs.precision,
         "precision_from": obs.precision_from,
+        "silent_neurons": silent,
         "null_step_used": null_step,
         "scales_from": "this and the next layer's bias gradients"
         if next_layer

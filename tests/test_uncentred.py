@@ -1,0 +1,67 @@
+"""Inputs as users feed them: [0, 1] pixels straight from ``ToTensor()``, no ``Normalize``, into
+a plain PyTorch MLP at its default initialisation. The mean image dominates every
+pre-activation, so many neurons are silent for the whole batch (their gradient rows exactly
+zero) and many fire for all of it; the batch must still come back whole and certified, on
+float64 and float32 clients, over several seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attacks import reconstruct
+from attacks.spearpp.inputs import observe_layer
+from fl_sim.audit.metrics import EXACT_DB, judge_certificates, match_and_score
+from tests.helpers import batch
+
+
+def _plain_mlp(width: int) -> nn.Sequential:
+    """An MLP as people write it: PyTorch's default initialisation, two hidden layers."""
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3072, width), nn.ReLU(), nn.Linear(width, 64), nn.ReLU(),
+        nn.Linear(64, 10),
+    )  # fmt: skip
+
+
+def _unit_gradient(
+    b: int, width: int, seed: int, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A FedSGD gradient of ``b`` real images on [0, 1] and those images (b x 3072, float64)."""
+    pixels, _, labels = batch(b, seed)
+    torch.manual_seed(seed)
+    net = _plain_mlp(width).to(dtype)
+    loss = nn.functional.cross_entropy(net(pixels.to(dtype)), labels)
+    layer = net[1]
+    gw, gb = torch.autograd.grad(loss, [layer.weight, layer.bias])
+    view = {"grad_weight": gw, "grad_bias": gb, "weight": layer.weight, "bias": layer.bias}
+    return {k: v.detach() for k, v in view.items()}, pixels.flatten(1)
+
+
+def test_silent_neurons_are_read_off_the_gradient_and_left_out() -> None:
+    view, x = _unit_gradient(10, 256, 0, torch.float64)
+    nxt = (torch.ones(7, 256, dtype=torch.float64), torch.ones(7, dtype=torch.float64))
+    obs = observe_layer(**view, device=torch.device("cpu"), next_layer=nxt)
+    silent = obs.silent()
+    inactive_for_all = ((x @ view["weight"].T + view["bias"]) <= 0).all(dim=0)
+    assert torch.equal(silent, inactive_for_all) and 0 < int(silent.sum()) < 256
+    kept = obs.restricted(~silent)
+    live = int((~silent).sum())
+    assert kept.grad_weight.shape == (live, 3072) and kept.bias.shape == (live,)
+    assert kept.next_layer is not None and kept.next_layer.grad_weight.shape == (7, live)
+    assert torch.equal(kept.weight, obs.weight[~silent])
+
+
+@pytest.mark.parametrize(
+    ("b", "width", "dtype"),
+    [(20, 256, torch.float64), (50, 1000, torch.float64), (20, 256, torch.float32)],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_unit_pixels_come_back_whole(b: int, width: int, seed: int, dtype: torch.dtype) -> None:
+    view, x = _unit_gradient(b, width, seed, dtype)
+    rec = reconstruct(**view, batch_size=b)
+    assert rec.settings["silent_neurons"] > 0
+    quality = match_and_score(rec.inputs, x)
+    assert bool((quality.psnr >= EXACT_DB).all()), (rec.status, rec.reason, quality.psnr.min())
+    judged = judge_certificates(rec.inputs, x, rec.certified)
+    assert judged["certified_not_exact"] == 0, judged
