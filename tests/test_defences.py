@@ -257,7 +257,15 @@ def test_a_short_federation_with_one_client_per_update_mod(tmp_path: Path) -> No
         for r in (1, 2)
         for c in range(len(mods) + 1)
     }
-    assert all(r["status"] in ("exact", "partial", "failed") for r in records), records
+    # Top-k breaks the gradient's low rank: among the neurons that carry a gradient it can be
+    # full rank, and the attack says so.
+    assert all(
+        r["status"] in ("exact", "partial", "failed")
+        or (
+            r["defence"] == "fedsgd+topk" and r["status"] == "refused" and "low-rank" in r["reason"]
+        )
+        for r in records
+    ), records
     local = sorted(
         (r for r in records if r["defence"] == "fedsgd+local_dp"), key=lambda r: r["round"]
     )

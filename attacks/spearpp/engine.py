@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from attacks.errors import NotLowRankError
 from attacks.result import Reconstruction
 from attacks.spearpp import stages
 from attacks.spearpp.certify import certified
@@ -35,13 +36,18 @@ def run_spearpp(
         obs = obs.restricted(~silent)
     generator = torch.Generator().manual_seed(config.seed)
     with clock.stage("factorise"):
-        fac = factorise(
-            obs.grad_weight,
-            batch_size=batch_size,
-            noise_std=noise_std,
-            precision=obs.precision,
-            generator=generator,
-        )
+        try:
+            fac = factorise(
+                obs.grad_weight,
+                batch_size=batch_size,
+                noise_std=noise_std,
+                precision=obs.precision,
+                generator=generator,
+            )
+        except NotLowRankError as error:  # say that the silent neurons were left out
+            raise NotLowRankError(
+                error.batch_size_estimated, error.method, error.m, error.n, int(silent.sum())
+            ) from None
     chosen = stages.settings_of(obs, config, fac, batch_size, noise_std, int(silent.sum()))
     if fac.batch_size == 0:
         return stages.nothing_to_attack(obs, fac, clock, started, chosen[0])
