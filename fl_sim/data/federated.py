@@ -14,8 +14,14 @@ import torch
 from fl_sim.data.breast_cancer import load_breast_cancer_records
 from fl_sim.data.cifar10 import CLASSES, load_cifar10
 from fl_sim.data.description import DataDescription
+from fl_sim.data.imagefolder import load_image_folder
 from fl_sim.data.normalize import Normalization, to_unit
-from fl_sim.data.partition import partition_dirichlet, partition_iid, split_holdout
+from fl_sim.data.partition import (
+    partition_dirichlet,
+    partition_iid,
+    split_held_out,
+    split_holdout,
+)
 from fl_sim.data.photos import PHOTOS, load_photos
 from fl_sim.data.records import RecordSet
 from fl_sim.data.spec import DataSpec
@@ -67,6 +73,9 @@ def _pool(spec: DataSpec, needed: int, seed: int) -> RecordSet:
 def _source(spec: DataSpec, needed: int, seed: int) -> RecordSet:
     if spec.source == "breast_cancer":
         return load_breast_cancer_records()
+    if spec.source == "imagefolder":
+        assert spec.root is not None  # DataSpec requires it
+        return load_image_folder(Path(spec.root).expanduser(), spec.image_size)
     if spec.source in ("auto", "cifar10"):
         where = Path(spec.cifar10_dir).expanduser()
         try:
@@ -103,7 +112,10 @@ def federated_data(spec: DataSpec, clients: int, seed: int) -> FederatedData:
     """Load and split the data of a run (cached per process: every client calls it)."""
     needed = clients * spec.samples_per_client + spec.test_size
     pool = _pool(spec, needed, seed)
-    train, test = split_holdout(len(pool.labels), spec.test_size, seed)
+    if pool.held_out is not None:
+        train, test = split_held_out(len(pool.labels), pool.held_out, spec.test_size, seed)
+    else:
+        train, test = split_holdout(len(pool.labels), spec.test_size, seed)
     if spec.partition == "iid":
         local = partition_iid(len(train), clients, spec.samples_per_client, seed)
     else:

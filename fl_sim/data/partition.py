@@ -13,6 +13,19 @@ def split_holdout(n: int, test_size: int, seed: int) -> tuple[np.ndarray, np.nda
     return np.sort(order[test_size:]), np.sort(order[:test_size])
 
 
+def split_held_out(
+    n: int, held_out: np.ndarray, test_size: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test): ``test_size`` random records of the dataset's own test split
+    ``held_out`` are the test set, every record outside it trains."""
+    if not 0 < test_size <= len(held_out):
+        raise ValueError(
+            f"test_size={test_size}: the dataset's test split holds {len(held_out)} records"
+        )
+    test = np.random.default_rng(seed).choice(held_out, test_size, replace=False)
+    return np.setdiff1d(np.arange(n), held_out), np.sort(test)
+
+
 def partition_iid(n: int, clients: int, per_client: int, seed: int) -> list[np.ndarray]:
     """Disjoint random subsets of ``range(n)``, ``per_client`` each."""
     if clients * per_client > n:

@@ -33,6 +33,10 @@ class RecordSet:
         and 1 on the [0, 1] scale the normalisation and the judge work on.
     feature_names
         One per feature of a tabular record (empty for images).
+    held_out
+        Indices of the records that came as the dataset's own test split (an image folder's
+        ``test/``), from which the run's test set is drawn; ``None``: the run holds out a
+        random share.
     """
 
     records: np.ndarray
@@ -42,6 +46,7 @@ class RecordSet:
     low: tuple[float, ...]
     high: tuple[float, ...]
     feature_names: tuple[str, ...] = ()
+    held_out: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.records)
@@ -63,6 +68,12 @@ class RecordSet:
             raise ValueError(f"{self.source}: every value range needs high > low")
         if self.feature_names and len(self.feature_names) != entries:
             raise ValueError(f"{self.source}: {len(self.feature_names)} names, {entries} features")
+        if (
+            self.held_out is not None
+            and len(self.held_out)
+            and not (self.held_out.min() >= 0 and self.held_out.max() < n)
+        ):
+            raise ValueError(f"{self.source}: held-out indices must lie in 0..{n - 1}")
 
     @classmethod
     def from_images(cls, images: ImageSet, num_classes: int) -> RecordSet:

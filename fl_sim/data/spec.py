@@ -16,7 +16,15 @@ class DataSpec(Settings):
     ----------
     source
         ``auto`` (CIFAR-10 if found, else the offline photographs), ``cifar10``, ``photos``
-        (images), or ``breast_cancer`` (scikit-learn's tabular medical records, 30 features).
+        (images), ``imagefolder`` (a folder of one's own images, see ``root``) or
+        ``breast_cancer`` (scikit-learn's tabular medical records, 30 features).
+    root
+        With ``source = "imagefolder"``: a folder in torchvision's ImageFolder layout,
+        ``root/train/<class>/*`` (the clients' images) and ``root/test/<class>/*`` (the server's
+        test set is drawn from these). Decoded once into ``~/.cache/fl-sim/imagefolder``.
+    image_size
+        With ``source = "imagefolder"``: resize every image (short side, then a centre crop) to
+        this many pixels square; unset, every image must already share one size.
     cifar10_dir
         Folder holding ``cifar-10-batches-py`` (or an .npz of images and labels).
     download
@@ -36,8 +44,10 @@ class DataSpec(Settings):
         of other crops).
     """
 
-    source: Literal["auto", "cifar10", "photos", "breast_cancer"] = "auto"
+    source: Literal["auto", "cifar10", "photos", "imagefolder", "breast_cancer"] = "auto"
     cifar10_dir: Str = "~/.cache/fl-sim/cifar10"
+    root: Str | None = None
+    image_size: AtLeastOne | None = None
     download: Bool = False
     partition: Literal["iid", "dirichlet"] = "iid"
     alpha: Positive = 0.5
@@ -52,4 +62,21 @@ class DataSpec(Settings):
             raise ValueError(
                 f"data.mirror = true with data.source = {self.source!r}: only 'cifar10' is mirrored"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _root_with_imagefolder(self) -> DataSpec:
+        """An image folder needs its root; the root and image size mean nothing elsewhere."""
+        folder = self.source == "imagefolder"
+        if folder and self.root is None:
+            raise ValueError(
+                "data.source = 'imagefolder' needs data.root, a folder holding train/<class>/* "
+                "and test/<class>/*"
+            )
+        for name in ("root", "image_size"):
+            if not folder and getattr(self, name) is not None:
+                raise ValueError(
+                    f"data.{name} is read only with data.source = 'imagefolder' "
+                    f"(data.source = {self.source!r})"
+                )
         return self
