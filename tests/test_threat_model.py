@@ -82,6 +82,16 @@ def test_no_lr_declared_is_assumed_one() -> None:
     assert np.allclose(sight.view.gradient[w], update.sent_weight - update.weight)
 
 
+@pytest.mark.parametrize("junk", ["fast", None, -1, 0, float("nan"), [1, 2]])
+def test_what_a_users_app_declares_that_is_no_number_counts_as_unsaid(junk: object) -> None:
+    declared = {"defence": "fedsgd", "lr": junk, "steps": junk, "batch-size": junk}
+    sight = _model(batch_size=True).of_update(_update(declared))
+    assert sight.knowledge["lr"] == "assumed 1" and sight.knowledge["batch_size"] == "estimated"
+    assert sight.view.batch_size is None
+    update = _update(declared)
+    assert np.allclose(sight.view.gradient[LAYER[0]], update.sent_weight - update.weight)
+
+
 def test_dp_noise_is_told_only_when_the_audit_knows_noise() -> None:
     """DP-SGD's declared per-step std, sqrt(steps) times over, and only with knows_noise."""
     declared = {**DP_ONE_STEP, "steps": 4}

@@ -171,6 +171,24 @@ def declared_count(declared: Mapping[str, Any], key: str) -> int | None:
     return count if count > 0 else None
 
 
+def declared_rate(declared: Mapping[str, Any], key: str) -> float | None:
+    """A positive, finite number a client declares (``lr``), if it is one."""
+    try:
+        value = float(declared[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def declared_id(declared: Mapping[str, Any], key: str, default: int) -> int:
+    """An integer id a client declares (``partition-id``), or ``default`` where it sent none
+    or something else."""
+    try:
+        return int(declared[key])
+    except (KeyError, TypeError, ValueError):
+        return default
+
+
 def released(reply: Message) -> bool:
     """Whether a reply carries an update (a failed round's reply has no arrays)."""
     return not reply.has_error() and isinstance(reply.content.get(ARRAYS), ArrayRecord)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from attacks import ATTACKS
-from clients.defences.base import BATCH_SIZE, EPSILON, declared_count
+from clients.defences.base import BATCH_SIZE, EPSILON, declared_count, declared_id
 from clients.reply import PARTITION_ID, SAMPLE_IDS
 from fl_sim.audit.context import AuditContext
 from fl_sim.audit.filing import Filing
@@ -135,7 +135,7 @@ class Auditor:
     def keeps_whole(self, server_round: int, declared: Mapping[str, Any]) -> bool:
         """Whether this reply is needed whole: a whole-model attack or the proxies target it,
         or a first-layer attack that uses the next layer of a one-step DP update."""
-        client = int(declared.get(PARTITION_ID, -1))
+        client = declared_id(declared, PARTITION_ID, -1)
         runs = self.runs_for(server_round, client)
         return bool(runs) and (
             self.spec.proxies
@@ -202,7 +202,7 @@ class Auditor:
         server_round = aggregate.server_round
         members = []
         for node, declared in zip(aggregate.node_ids, aggregate.declared, strict=True):
-            client = int(declared.get(PARTITION_ID, node))
+            client = declared_id(declared, PARTITION_ID, node)
             ids = self.judge.drawn(client, server_round) if self.judge else np.empty(0, np.int64)
             audit = {SAMPLE_IDS: [int(i) for i in ids]}
             base = self._base_of(server_round, node, client, declared, audit)
@@ -286,7 +286,7 @@ class Auditor:
 
     def _base(self, update: InterceptedUpdate) -> dict[str, Any]:
         declared = update.declared
-        client = int(declared.get(PARTITION_ID, update.node_id))
+        client = declared_id(declared, PARTITION_ID, update.node_id)
         return self._base_of(update.server_round, update.node_id, client, declared, update.audit)
 
     def _base_of(

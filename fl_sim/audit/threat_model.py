@@ -26,7 +26,14 @@ from torch import nn
 
 from attacks import ServerView
 from clients.defences import Disclosure, declared_defences
-from clients.defences.base import BATCH_SIZE, LR, STEPS, combined_noise
+from clients.defences.base import (
+    BATCH_SIZE,
+    LR,
+    STEPS,
+    combined_noise,
+    declared_count,
+    declared_rate,
+)
 from clients.defences.dp import NOISE_STD
 from fl_sim.config.federation import SecAggSpec
 from fl_sim.data.description import DataDescription
@@ -129,12 +136,15 @@ class ThreatModel:
         """
         declared = update.declared
         received_weight, _ = update.received_layer()
-        lr = float(declared.get(LR, 1.0))
-        steps = int(declared.get(STEPS, 1))
-        knowledge = {"lr": "declared" if LR in declared else "assumed 1"}
+        # A user's own app may declare anything: what is not a usable number counts as unsaid.
+        told_lr = declared_rate(declared, LR)
+        lr = told_lr or 1.0
+        steps = declared_count(declared, STEPS) or 1
+        knowledge = {"lr": "declared" if told_lr else "assumed 1"}
         batch_size = None
-        if self.knows_batch_size and BATCH_SIZE in declared:
-            batch_size = int(declared[BATCH_SIZE])
+        told_size = declared_count(declared, BATCH_SIZE)
+        if self.knows_batch_size and told_size:
+            batch_size = told_size
             knowledge["batch_size"] = "declared"
         else:
             knowledge["batch_size"] = "estimated"
