@@ -13,6 +13,7 @@ from PIL import Image
 from pydantic import ValidationError
 from torchvision.datasets import ImageFolder
 
+from fl_sim.bench.invocation import bench_data
 from fl_sim.config import parse_scenario
 from fl_sim.data import imagefolder
 from fl_sim.data.federated import federated_data
@@ -136,3 +137,13 @@ def test_the_shared_cifar10_folder_is_read_as_two_splits(tmp_path: Path) -> None
     found = imagefolder._listing(root)
     assert len(found["train"]) == 50_000 and len(found["test"]) == 10_000
     assert found["train"].classes[:2] == ["airplane", "automobile"]
+
+
+def test_the_benches_read_either_split_of_an_image_folder(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "images", {"a": (5, 2), "b": (4, 3)})
+    train, test = bench_data(str(root), "train"), bench_data(str(root), "test")
+    assert train.images.shape == (9, 32, 32, 3) and test.images.shape == (5, 32, 32, 3)
+    assert not train.images[:, 0, 0, 2].any() and bool((test.images[:, 0, 0, 2] == 1).all())
+    assert np.array_equal(test.labels, test.images[:, 0, 0, 1].astype(np.int64))
+    with pytest.raises(SystemExit, match="train/<class>"):
+        bench_data(str(tmp_path / "nowhere"), "test")

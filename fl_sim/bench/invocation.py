@@ -11,24 +11,46 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fl_sim.data.cifar10 import ImageSet, load_cifar10
+from fl_sim.data.imagefolder import SPLITS, load_image_folder
+
+# What --data accepts, for every bench that reads images.
+DATA_HELP = "CIFAR-10: .npz, a cifar-10-batches-py folder, or an image folder (train/, test/)"
 
 
 def bench_data(path: str, split: str = "test") -> ImageSet:
-    """CIFAR-10 from an .npz (images, labels) or a folder holding cifar-10-batches-py.
+    """CIFAR-10 from an .npz (images, labels), a folder holding cifar-10-batches-py, or
+    ``split`` of a folder in ImageFolder layout (``train/<class>/*``, ``test/<class>/*``: the
+    shared 60,000 JPEGs once extracted), 32 x 32 RGB images.
 
     Raises
     ------
     SystemExit
         Naming the path and what is accepted, when nothing is there.
     """
+    where = Path(path)
     try:
-        return load_cifar10(Path(path), split=split)
-    except FileNotFoundError as err:
+        if all((where / name).is_dir() for name in SPLITS):
+            return _folder_split(where, split)
+        return load_cifar10(where, split=split)
+    except (FileNotFoundError, ValueError) as err:
         raise SystemExit(
-            f"CIFAR-10 not found: {err}. Pass --data with an .npz (images, labels) or a folder "
-            "holding cifar-10-batches-py"
+            f"CIFAR-10 not found: {err}. Pass --data with an .npz (images, labels), a folder "
+            "holding cifar-10-batches-py, or a folder with train/<class>/* and test/<class>/*"
         ) from None
+
+
+def _folder_split(root: Path, split: str) -> ImageSet:
+    """One split of an image folder as the benches take images (N x 32 x 32 x 3 uint8)."""
+    records = load_image_folder(root)
+    assert records.held_out is not None  # an image folder always says its test split
+    test = np.zeros(len(records.labels), dtype=bool)
+    test[records.held_out] = True
+    chosen = test if split == "test" else ~test
+    images = np.ascontiguousarray(records.records[chosen].transpose(0, 2, 3, 1))
+    return ImageSet(images, records.labels[chosen], f"{records.source}:{split}")
 
 
 def results_folder(out: str | None, name: str) -> Path:

@@ -13,7 +13,7 @@ from attacks.spearpp.config import NullStep, Optimiser, Search, Surrogate
 from clients.defences import training_defences, training_settings
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
-from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.invocation import DATA_HELP, bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining, add_pretraining_options
 from fl_sim.config.schema import ModelSpec
 
@@ -25,7 +25,9 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     attack.add_argument("--only", nargs="*", help="keep cases whose name contains one of these")
     attack.add_argument("--seeds", help="comma-separated seeds (default: the preset's, or 0)")
     attack.add_argument(
-        "--data", required=True, help="CIFAR-10: .npz or folder (torchvision layout)"
+        "--data",
+        required=True,
+        help=DATA_HELP,
     )
     attack.add_argument("--split", choices=("train", "test"), default="test")
     attack.add_argument(

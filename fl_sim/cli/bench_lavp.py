@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.invocation import DATA_HELP, bench_data, command_line, results_folder
 
 
 def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -15,7 +15,11 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "lavp",
         help="do LAVP and the gradient norm forecast the optimisation attack's error? (Spearman)",
     )
-    lavp.add_argument("--data", required=True, help="CIFAR-10: .npz or folder")
+    lavp.add_argument(
+        "--data",
+        required=True,
+        help=DATA_HELP,
+    )
     lavp.add_argument("--split", choices=("train", "test"), default="test")
     lavp.add_argument("--samples", type=int, default=100, help="images, each a batch of one")
     lavp.add_argument("--width", type=int, default=100)

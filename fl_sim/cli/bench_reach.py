@@ -6,7 +6,7 @@ import argparse
 
 from attacks import SpearConfig
 from fl_sim.bench.cases import AttackCase
-from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.invocation import DATA_HELP, bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining, add_pretraining_options
 
 
@@ -29,7 +29,11 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="comma-separated counts of final sign iterations without deflation to run the "
         "rounds with, beside the engine's",
     )
-    reach.add_argument("--data", required=True, help="CIFAR-10: .npz or folder")
+    reach.add_argument(
+        "--data",
+        required=True,
+        help=DATA_HELP,
+    )
     reach.add_argument("--split", choices=("train", "test"), default="test")
     reach.add_argument("--out", help="results folder (default: bench/runs/reach-TIME)")
     add_pretraining_options(reach.add_argument_group("pre-training"), default_steps=0)

@@ -23,7 +23,9 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="ROW",
         help="re-run these rows first ('all': every one)",
     )
-    results.add_argument("--data", help="CIFAR-10 (.npz or folder), for the rows --run runs")
+    results.add_argument(
+        "--data", help="images for the rows --run runs (as the benches take --data)"
+    )
     results.set_defaults(func=_results)
 
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from attacks import SpearConfig
-from fl_sim.bench.invocation import bench_data, command_line, results_folder
+from fl_sim.bench.invocation import DATA_HELP, bench_data, command_line, results_folder
 from fl_sim.bench.pretrain import Pretraining, add_pretraining_options
 
 
@@ -20,7 +20,11 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sweep.add_argument("--start", default="60,120,200", help="first B, one per width")
     sweep.add_argument("--step", default="10,20,20", help="B increment, one per width")
     sweep.add_argument("--seeds", default="0,1,2")
-    sweep.add_argument("--data", required=True, help="CIFAR-10: .npz or folder")
+    sweep.add_argument(
+        "--data",
+        required=True,
+        help=DATA_HELP,
+    )
     sweep.add_argument("--split", choices=("train", "test"), default="test")
     sweep.add_argument("--time-budget", type=float, default=600.0, help="seconds per attack")
     sweep.add_argument("--out", help="results folder (default: bench/runs/sweep-TIME)")
