@@ -32,8 +32,7 @@ def run_spearpp(
     clock = Clock()
     started = time.perf_counter()
     silent = obs.silent()
-    if bool(silent.any()):
-        obs = obs.restricted(~silent)
+    live = obs.width - int(silent.sum())
     generator = torch.Generator().manual_seed(config.seed)
     with clock.stage("factorise"):
         try:
@@ -44,10 +43,14 @@ def run_spearpp(
                 precision=obs.precision,
                 generator=generator,
             )
-        except NotLowRankError as error:  # say that the silent neurons were left out
+        except NotLowRankError as error:  # say how many neurons were silent
             raise NotLowRankError(
-                error.batch_size_estimated, error.method, error.m, error.n, int(silent.sum())
+                error.batch_size_estimated, error.method, live, error.n, int(silent.sum())
             ) from None
+    if fac.batch_size >= min(live, obs.input_dim):
+        # Full rank on the neurons that carry a gradient (a top-k client's update): the silent
+        # ones make it look low-rank, not the batch.
+        raise NotLowRankError(fac.batch_size, fac.method, live, obs.input_dim, int(silent.sum()))
     chosen = stages.settings_of(obs, config, fac, batch_size, noise_std, int(silent.sum()))
     if fac.batch_size == 0:
         return stages.nothing_to_attack(obs, fac, clock, started, chosen[0])

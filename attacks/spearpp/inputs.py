@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Annotated
 
 import numpy as np
@@ -83,29 +83,11 @@ class LayerObservation:
         the batch activated it (or none passed a gradient through it), so its row says only
         that, for every sample alike.
 
-        Such rows vanish for every direction, so they count as zeros of every mix and give a
-        null step nothing to pin: on inputs as ``ToTensor()`` gives them ([0, 1] pixels) 14 to
-        22% of the neurons of a default-initialised layer are silent, the sign search's
-        null-step rows were mostly theirs, and B=20, m=256 came back with 4 of 20 samples
-        where without them it comes back whole in under a second.
+        Such rows vanish for every direction and give a null step nothing to pin: the sign
+        search runs first without them (see ``stages.search_signs``).
         """
         silent: torch.Tensor = ~self.grad_weight.any(dim=1) & (self.grad_bias == 0)
         return silent
-
-    def restricted(self, keep: torch.Tensor) -> LayerObservation:
-        """The observation of the neurons ``keep`` (m booleans) alone: the layer's rows and the
-        next layer's matching columns."""
-        nxt = self.next_layer
-        if nxt is not None:
-            nxt = NextLayer(nxt.grad_weight[:, keep], nxt.grad_bias)
-        return replace(
-            self,
-            grad_weight=self.grad_weight[keep],
-            grad_bias=self.grad_bias[keep],
-            weight=self.weight[keep],
-            bias=self.bias[keep],
-            next_layer=nxt,
-        )
 
 
 def _device_name(device: str) -> str:
