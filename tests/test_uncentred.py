@@ -64,8 +64,8 @@ def test_unit_pixels_come_back_whole(b: int, width: int, seed: int, dtype: torch
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_multi_step_update_with_silent_neurons_still_comes_back(seed: int) -> None:
     """Three epochs of FedAvg on a small layer (n=20 un-centred features, m=80, B=12): its
-    columns have few zeros besides the silent neurons', and the search on the live rows alone
-    found 1 of 12; on every row after it, all."""
+    columns have few zeros besides the silent neurons', and a search on the live rows alone
+    found 1 of 12."""
     row = next(r for r in grid() if r.name == "n=20 m=80 depth=2 C=3 B=12 float64 fedavg")
     result = attack_one(row, seed, SpearConfig(time_budget_s=60.0))
     assert result["exact"] == 12 and result["certified_not_exact"] == 0, result
