@@ -42,9 +42,9 @@ from attacks.spearpp.state import SpearState
 
 log = logging.getLogger(__name__)
 
-# Idle sign rounds on every row before the search goes on with the live rows (the config's
-# patience of widening rounds there cost as long as the live rows' whole search on [0, 1]
-# pixels).
+# Idle sign rounds on every row before the search goes on with the live rows, where some
+# neurons are silent (see search_signs): on [0, 1] pixels, B=50, m=1000, rounds on every row
+# ran 52 s for 12 of 50 columns, the live rows' found all 50 in 1 s.
 FIRST_PATIENCE = 2
 # Weight of a uniform direction mixed into starts orthogonal to the found columns: with one or
 # two columns missing the complement is a line or a plane, and starts must still differ.
@@ -159,7 +159,8 @@ def prepared(
 
 
 def search_signs(state: SpearState) -> None:
-    """Rounds of the sign-consistency search until the pool is full or they stall."""
+    """Rounds of the sign-consistency search until the pool is full or they stall: on every
+    row, and where some neurons are silent, on the live rows and on every row again."""
     obs, harvest, b = state.obs, state.harvest, state.batch_size
     with state.clock.stage("search"):
         # Under noise the fits stay linear: the halfspace thresholds there
