@@ -67,7 +67,8 @@ def test_frozen() -> None:
         (["data.sorce=x"], "unknown key 'data.sorce'"),
         (
             ["data.source=imagenet"],
-            "data.source = 'imagenet': allowed are auto, cifar10, photos, imagefolder, breast_cancer",
+            "data.source = 'imagenet': allowed are auto, cifar10, photos, imagefolder, "
+            "breast_cancer",
         ),
         (["data.partition=skew"], "allowed are iid, dirichlet"),
         (["rounds=0"], "rounds = 0: must be >= 1"),
