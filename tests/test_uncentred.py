@@ -41,7 +41,7 @@ def _unit_gradient(
 
 def test_silent_neurons_are_read_off_the_gradient() -> None:
     view, x = _unit_gradient(10, 256, 0, torch.float64)
-    silent = observe_layer(**view, device=torch.device("cpu")).silent()
+    silent = observe_layer(**view, device=torch.device("cpu")).silent
     inactive_for_all = ((x @ view["weight"].T + view["bias"]) <= 0).all(dim=0)
     assert torch.equal(silent, inactive_for_all) and 0 < int(silent.sum()) < 256
 

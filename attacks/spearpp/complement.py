@@ -153,7 +153,7 @@ def complement_columns(
     solved_all = torch.cat(solved)
     # On rows of U the null direction is S q, an engine direction already.
     points = torch.nn.functional.normalize(solved_all * (1 if engine_rows else scale), dim=1)
-    engine_left = geom.left / geom.singular
+    engine_left = geom.engine_left()
     # A missing sample's input lies in the complement, so its column's activity pattern is a
     # halfspace pattern there (an affine one: the bias is a column of the fit); a mix's, an
     # intersection of several, is not. The mixes of sparse samples have far more zeros than a

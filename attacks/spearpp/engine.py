@@ -31,7 +31,7 @@ def run_spearpp(
     """Reconstruct the batch behind ``obs``; see :func:`attacks.reconstruct`."""
     clock = Clock()
     started = time.perf_counter()
-    silent = obs.silent()
+    silent = obs.silent
     live = obs.width - int(silent.sum())
     generator = torch.Generator().manual_seed(config.seed)
     with clock.stage("factorise"):

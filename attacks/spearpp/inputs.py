@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated
 
 import numpy as np
@@ -78,6 +79,7 @@ class LayerObservation:
         """n, the dimension of the layer's input."""
         return int(self.weight.shape[1])
 
+    @cached_property
     def silent(self) -> torch.Tensor:
         """Per neuron, whether its gradient is exactly zero (weight row and bias): no sample of
         the batch activated it (or none passed a gradient through it), so its row says only

@@ -207,7 +207,7 @@ def sign_rounds(
         with harvest.clock.stage("search"):
             fresh = pool.columns[inputs.shape[0] :]
             if fresh.shape[0]:  # the deflation changes only when the pool grew
-                active = ~zero_mask(geom.left / geom.singular, fresh, harvest.rule)
+                active = ~zero_mask(geom.engine_left(), fresh, harvest.rule)
                 inputs = torch.cat([inputs, fit_inputs(geom.affine(), active)[:, :batch_size]])
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
             # Basins of trained networks' columns are very uneven: rounds that find nothing

@@ -111,6 +111,10 @@ class SignGeometry:
         basis = torch.linalg.qr(torch.cat([pre, b], dim=1)).Q
         return SignGeometry(left * singular, pre, b, basis, singular)
 
+    def engine_left(self) -> torch.Tensor:
+        """U (m x B), the rows in the engine's coordinates, where the zero rule applies."""
+        return self.left / self.singular
+
     def affine(self, directions: torch.Tensor | None = None) -> torch.Tensor:
         """[A D, b] (m x (c + 1)): the pre-activations of inputs in the span of ``directions``
         (B x c; all inputs when ``None``) and the bias, for affine halfspace fits ([A D] when

@@ -61,7 +61,7 @@ def settings_of(
 ) -> tuple[dict[str, Any], str, bool]:
     """The settings every record carries, the null steps' rule and whether the scales come
     from the next layer's bias gradient too; ``silent`` neurons were left out of the search
-    (see :meth:`LayerObservation.silent`)."""
+    (see :attr:`LayerObservation.silent`)."""
     noise_std = fac.noise_std  # declared, or fitted to the spectrum
     # Without noise the bias gradient fixes the scales exactly already.
     next_layer = config.next_layer_scale and obs.next_layer is not None and bool(noise_std)
@@ -168,7 +168,7 @@ def search_signs(state: SpearState) -> None:
         # near-exact with affine ones.
         bias = None if state.rule.noise_std else obs.bias
         state.geom = geom = SignGeometry.build(state.fac.left, state.fac.right, obs.weight, bias)
-        live = ~obs.silent()
+        live = ~obs.silent
         views = [geom]
         if not bool(live.all()):
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows

@@ -24,7 +24,6 @@ SPLITS = ("train", "test")
 # Where decoded folders are kept (a 60,000-image folder decodes in about a minute; every
 # simulated client reads the data, so each would pay it again).
 CACHE_DIR = Path("~/.cache/fl-sim/imagefolder")
-_PIXEL_MAX = 255.0
 
 
 def _listing(root: Path) -> dict[str, ImageFolder]:
@@ -104,13 +103,5 @@ def load_image_folder(root: Path, image_size: int | None = None) -> RecordSet:
         partial = cache.with_suffix(".partial.npz")
         np.savez(partial, records=records, labels=labels, test=test)
         partial.replace(cache)  # whole or absent: a crash leaves no half-written cache
-    channels = records.shape[1]
-    return RecordSet(
-        records=records,
-        labels=labels,
-        source=f"imagefolder:{root}",
-        num_classes=len(found["train"].classes),
-        low=(0.0,) * channels,
-        high=(_PIXEL_MAX,) * channels,
-        held_out=test,
-    )
+    source = f"imagefolder:{root}"
+    return RecordSet.from_pixels(records, labels, source, len(found["train"].classes), test)

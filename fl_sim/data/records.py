@@ -79,14 +79,28 @@ class RecordSet:
     def from_images(cls, images: ImageSet, num_classes: int) -> RecordSet:
         """uint8 images (N x 32 x 32 x 3) as C x H x W records on 0..255 per channel (a view,
         not a copy)."""
-        channels = images.images.shape[3]
+        pixels = images.images.transpose(0, 3, 1, 2)
+        return cls.from_pixels(pixels, images.labels, images.source, num_classes)
+
+    @classmethod
+    def from_pixels(
+        cls,
+        pixels: np.ndarray,
+        labels: np.ndarray,
+        source: str,
+        num_classes: int,
+        held_out: np.ndarray | None = None,
+    ) -> RecordSet:
+        """uint8 images already N x C x H x W, on 0..255 per channel."""
+        channels = pixels.shape[1]
         return cls(
-            records=images.images.transpose(0, 3, 1, 2),
-            labels=images.labels,
-            source=images.source,
+            records=pixels,
+            labels=labels,
+            source=source,
             num_classes=num_classes,
             low=(0.0,) * channels,
             high=(_PIXEL_MAX,) * channels,
+            held_out=held_out,
         )
 
     def with_mirrors(self) -> RecordSet:
