@@ -10,7 +10,7 @@ LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
     "attacks/spearpp/refine.py": 531,
-    "attacks/spearpp/signs.py": 522,
+    "attacks/spearpp/signs.py": 520,
     "attacks/spearpp/factor.py": 472,
 }
 

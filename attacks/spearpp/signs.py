@@ -496,14 +496,8 @@ def halfspace_agreement(pre: torch.Tensor, active: torch.Tensor) -> torch.Tensor
 
 
 def consistent_inputs(columns: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-    """Estimates of the found samples' input coordinates, made consistent (F x B).
-
-    Parameters
-    ----------
-    columns
-        F x B found columns of Q (search coordinates).
-    inputs
-        F x B estimates of their input coordinates.
+    """Estimates ``inputs`` (F x B) of the found columns' (F x B, search coordinates) input
+    coordinates, made consistent.
 
     Each estimate p_k is replaced by its projection onto {p : p . q_i = 0 for every other found
     column i}, a constraint the true p_k meets exactly (P Q = I): that space is the complement of
