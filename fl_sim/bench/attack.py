@@ -22,6 +22,7 @@ from attacks import reconstruct
 from clients import train_locally
 from fl_sim.audit.metrics import NEAR_EXACT_DB, judge_certificates, match_and_score, psnr
 from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.converge import TARGET_ACCURACY, TrainedNetwork
 from fl_sim.bench.machine import hardware, measured_on
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
@@ -32,9 +33,15 @@ log = logging.getLogger(__name__)
 
 
 def client_update(
-    case: AttackCase, seed: int, data: ImageSet, norm: Normalization, dtype: torch.dtype
+    case: AttackCase,
+    seed: int,
+    data: ImageSet,
+    norm: Normalization,
+    dtype: torch.dtype,
+    network: TrainedNetwork | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
-    """One client's first-layer observation for ``case`` and ``seed``, and the true batch.
+    """One client's first-layer observation for ``case`` and ``seed``, and the true batch
+    (from ``data``; the network's weights from ``network`` when given, trained elsewhere).
 
     Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and for a
     one-step noisy update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
@@ -47,7 +54,10 @@ def client_update(
     images = torch.from_numpy(data.images[idx]).permute(0, 3, 1, 2).to(dtype) / 255
     labels = torch.from_numpy(data.labels[idx])
     torch.manual_seed(seed)
-    model = fc_relu_net(case.width, case.depth).to(dtype)
+    model = fc_relu_net(case.width, case.depth)
+    if network is not None:
+        model.load_state_dict(network.state)
+    model = model.to(dtype)
     if case.pretrain.steps:
         everything = torch.from_numpy(data.images).permute(0, 3, 1, 2).to(dtype) / 255
         case.pretrain.apply(
@@ -134,11 +144,28 @@ def run_case(
     norm: Normalization,
     dtype: torch.dtype,
     svd_reference: bool = False,
+    train: ImageSet | None = None,
 ) -> dict[str, Any]:
-    """Attack one seed of ``case``; the row of results (with ``svd_reference``, also the
-    seconds of one full SVD of the same gradient, timed right after the attack)."""
+    """Attack one seed of ``case`` on a batch of ``data``; the row of results (with
+    ``svd_reference``, also the seconds of one full SVD of the same gradient, timed right after
+    the attack). A converged case trains its network on ``train`` (``data``: its test split)."""
     dtype = getattr(torch, case.dtype) if case.dtype else dtype
-    view, images, noise_std = client_update(case, seed, data, norm, dtype)
+    network, converged = None, None
+    if case.converged is not None:
+        if train is None:
+            raise ValueError(
+                f"case {case.name!r} trains its network on a training split: pass train"
+            )
+        network = case.converged.network(
+            case.width, case.depth, seed, train, data, case.normalization(norm)
+        )
+        converged = {
+            **asdict(case.converged),
+            "test_accuracy": network.test_accuracy,
+            "train_accuracy": network.train_accuracy,
+            "training_seconds": network.seconds,
+        }
+    view, images, noise_std = client_update(case, seed, data, norm, dtype, network)
     norm = case.normalization(norm)
     # float64 arrays: as numpy code hands them over (the attack sees no tensor dtype).
     arrays = {k: v.numpy() if case.arrays != "tensors" else v for k, v in view.items()}
@@ -165,6 +192,7 @@ def run_case(
         "width": case.width,
         "depth": case.depth,
         "pretrain": asdict(case.pretrain),
+        "converged": converged,
         "centred": case.centred,
         "defence": case.training.model_dump(),
         "dtype": str(dtype).removeprefix("torch."),
@@ -251,6 +279,15 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             else None
         ),
         "stage_seconds_mean": stages,
+        # Converged networks (None otherwise): test and training accuracy, lowest over seeds.
+        "network_accuracy_min": (
+            {
+                split: min(r["converged"][f"{split}_accuracy"] for r in rows)
+                for split in ("test", "train")
+            }
+            if all(r.get("converged") for r in rows)
+            else None
+        ),
     }
 
 
@@ -312,6 +349,20 @@ def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[
             f"{s['seconds_mean']:.1f}{ratio} | {stages} | "
             f"{paper.get(s['case'], '')} |"
         )
+    trained = [s for s in summaries if s.get("network_accuracy_min")]
+    if trained:
+        lines += [
+            "",
+            "Networks trained on the whole training split, lowest accuracy over seeds:",
+            "",
+        ]
+    for s in trained:
+        acc = s["network_accuracy_min"]
+        reached = "reached" if acc["test"] >= TARGET_ACCURACY else "**not reached**"
+        lines.append(
+            f"- {s['case']}: test {100 * acc['test']:.1f}%, training {100 * acc['train']:.1f}% "
+            f"(the target of {100 * TARGET_ACCURACY:.0f}% test accuracy {reached})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -323,9 +374,11 @@ def run_bench(
     dtype: torch.dtype = torch.float64,
     command: str = "",
     svd_reference: bool = False,
+    train: ImageSet | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every case and seed; rows are appended to ``out/rows.jsonl`` as they finish, and
-    ``out/summary.json`` and ``out/summary.md`` are rewritten after each case."""
+    """Run every case and seed on batches of ``data`` (converged cases train on ``train``);
+    rows are appended to ``out/rows.jsonl`` as they finish, and ``out/summary.json`` and
+    ``out/summary.md`` are rewritten after each case."""
     out.mkdir(parents=True, exist_ok=True)
     norm = Normalization()
     meta: dict[str, Any] = {
@@ -340,7 +393,7 @@ def run_bench(
     for case in cases:
         rows = []
         for seed in case.seeds:
-            row = run_case(case, seed, data, norm, dtype, svd_reference)
+            row = run_case(case, seed, data, norm, dtype, svd_reference, train)
             rows.append(row)
             with (out / "rows.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from attacks import SpearConfig, paper_config
 from clients import TrainingSettings, training_settings
+from fl_sim.bench.converge import Convergence
 from fl_sim.bench.pretrain import Pretraining
 from fl_sim.data.normalize import Normalization
 
@@ -31,6 +32,9 @@ class AttackCase:
         fits it to the gradient's spectrum).
     pretrain
         Training of the network before the client's round (none: at initialisation).
+    converged
+        Training of the network on a whole training split before the client's round (the
+        bench then needs one; ``None``: not).
     dtype
         The client's precision (``None``: the bench's ``--dtype``).
     arrays
@@ -56,6 +60,7 @@ class AttackCase:
     knows_batch_size: bool = False
     knows_noise: bool = True
     pretrain: Pretraining = field(default_factory=Pretraining)
+    converged: Convergence | None = None
     dtype: str | None = None
     arrays: str = "tensors"
     paper: str = ""
@@ -71,6 +76,10 @@ class AttackCase:
             raise ValueError(f"arrays={self.arrays!r}: allowed are {', '.join(ARRAYS)}")
         if self.dtype not in (None, "float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}: allowed are float32, float64 or None")
+        if self.converged is not None and self.pretrain.steps:
+            raise ValueError(
+                f"case {self.name!r}: pretrain and converged both train the network; set one"
+            )
 
 
 ARRAYS = ("tensors", "float64", "float64-diff")
@@ -250,6 +259,22 @@ UNCENTRED: tuple[AttackCase, ...] = tuple(
     for centred in (True, False)
 )
 
+# Networks trained on the whole training split (every image but the test split's, which the
+# attacked batches come from: images the network never saw), depth 6 as in the paper's rows,
+# 300 s an attack (the batches past the trained limit run every pass otherwise).
+_CONVERGED = Convergence()
+CONVERGED: tuple[AttackCase, ...] = tuple(
+    AttackCase(
+        f"signs B={b} m={m}" + _CONVERGED.label,
+        b,
+        m,
+        attack=SpearConfig(time_budget_s=300.0),
+        seeds=(0, 1, 2),
+        converged=_CONVERGED,
+    )
+    for b, m in ((20, 200), (30, 200), (50, 1000), (100, 1000), (150, 1000))
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -265,4 +290,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "trained": TRAINED,
     "noise-blind": NOISE_BLIND,
     "uncentred": UNCENTRED,
+    "converged": CONVERGED,
 }

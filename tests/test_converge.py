@@ -1,0 +1,112 @@
+"""Networks trained on a whole training split: trained once, cached, read back, attacked on
+images they never saw."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attacks import SpearConfig
+from fl_sim.bench import converge
+from fl_sim.bench.attack import run_bench, run_case
+from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.converge import Convergence
+from fl_sim.bench.pretrain import Pretraining
+from fl_sim.cli import main
+from fl_sim.data.cifar10 import ImageSet
+from fl_sim.data.normalize import Normalization
+from tests.helpers import SHARED_NPZ, real_images
+
+SMALL = Convergence(epochs=4, batch_size=50)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "converged"
+    monkeypatch.setattr(converge, "CACHE_DIR", where)
+    return where
+
+
+def _splits() -> tuple[ImageSet, ImageSet]:
+    data = real_images()
+    train = ImageSet(data.images[:800], data.labels[:800], "train")
+    return train, ImageSet(data.images[800:], data.labels[800:], "test")
+
+
+def test_a_network_is_trained_once_then_read_back(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, test = _splits()
+    first = SMALL.network(32, 3, 0, train, test, Normalization())
+    # 800 images, 4 epochs: well past chance (0.1) on what it trained on.
+    assert first.train_accuracy > 0.3 and 0 < first.test_accuracy < 1
+    assert len(list(cache.glob("*.pt"))) == 1
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("trained again where the cache holds the network")
+
+    monkeypatch.setattr(Convergence, "_train", refuse)
+    again = SMALL.network(32, 3, 0, train, test, Normalization())
+    assert again.test_accuracy == first.test_accuracy
+    assert all(torch.equal(again.state[k], v) for k, v in first.state.items())
+
+
+def test_the_cache_tells_networks_apart(cache: Path) -> None:
+    train, test = _splits()
+    base = SMALL.network(16, 3, 0, train, test, Normalization())
+    relabelled = ImageSet(train.images, np.roll(train.labels, 1), "train")
+    others = [
+        SMALL.network(16, 3, 1, train, test, Normalization()),
+        replace(SMALL, lr=0.02).network(16, 3, 0, train, test, Normalization()),
+        SMALL.network(16, 3, 0, relabelled, test, Normalization()),
+    ]
+    assert len(list(cache.glob("*.pt"))) == 4
+    for other in others:
+        assert not torch.equal(other.state["1.weight"], base.state["1.weight"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("epochs", 0), ("lr", 0.0), ("momentum", 1.0), ("batch_size", 0)]
+)
+def test_bad_settings_are_named(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        Convergence(**{field: value})
+
+
+def test_a_case_trains_one_way() -> None:
+    with pytest.raises(ValueError, match="pretrain and converged"):
+        AttackCase("both", 6, 80, pretrain=Pretraining(10), converged=SMALL)
+
+
+def test_a_converged_case_needs_its_training_split() -> None:
+    case = AttackCase("c", 6, 80, depth=3, converged=SMALL)
+    with pytest.raises(ValueError, match="training split"):
+        run_case(case, 0, real_images(), Normalization(), torch.float64)
+
+
+def test_a_converged_network_is_attacked_on_unseen_images(tmp_path: Path) -> None:
+    train, test = _splits()
+    case = AttackCase(
+        "converged", 6, 80, depth=3, attack=SpearConfig(starts=300, steps=400), converged=SMALL
+    )
+    (summary,) = run_bench([case], test, tmp_path / "out", train=train, command="test")
+    (row,) = [
+        json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()
+    ]
+    assert row["converged"]["epochs"] == SMALL.epochs and row["converged"]["train_accuracy"] > 0.3
+    assert summary["network_accuracy_min"]["test"] == row["converged"]["test_accuracy"]
+    assert "trained on the whole training split" in (tmp_path / "out" / "summary.md").read_text()
+    # The trained weights are the ones attacked: B=6 at m=80 stays exact.
+    assert summary["share_exact_samples"] == 1.0
+
+
+def test_the_command_refuses_one_set_of_images() -> None:
+    if not SHARED_NPZ.is_file():
+        pytest.skip(f"{SHARED_NPZ} is not here")
+    with pytest.raises(SystemExit, match="training split"):
+        main(["bench", "attack", "--preset", "converged", "--data", str(SHARED_NPZ)])
