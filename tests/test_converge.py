@@ -17,6 +17,7 @@ from fl_sim.bench.attack import run_bench, run_case
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.converge import Convergence
 from fl_sim.bench.pretrain import Pretraining
+from fl_sim.bench.sweep import SweepPlan, combine_sweeps, network_label, run_sweep
 from fl_sim.cli import main
 from fl_sim.data.cifar10 import ImageSet
 from fl_sim.data.normalize import Normalization
@@ -110,3 +111,34 @@ def test_the_command_refuses_one_set_of_images() -> None:
         pytest.skip(f"{SHARED_NPZ} is not here")
     with pytest.raises(SystemExit, match="training split"):
         main(["bench", "attack", "--preset", "converged", "--data", str(SHARED_NPZ)])
+
+
+def test_sweeps_of_converged_and_uncentred_networks_are_their_own_series(tmp_path: Path) -> None:
+    train, test = _splits()
+    converged = run_sweep(
+        [SweepPlan(80, 6, 6, 6)],
+        test,
+        tmp_path / "converged",
+        seeds=(0,),
+        attack=SpearConfig(starts=300, steps=400),
+        converged=SMALL,
+        train=train,
+    )
+    uncentred = run_sweep(
+        [SweepPlan(100, 4, 4, 4)],
+        test,
+        tmp_path / "uncentred",
+        seeds=(0,),
+        attack=SpearConfig(starts=300, steps=400),
+        centred=False,
+    )
+    assert converged == {80: 6} and uncentred == {100: 4}
+    rows = [json.loads(line) for line in (tmp_path / "uncentred" / "rows.jsonl").open()]
+    assert [r["centred"] for r in rows] == [False]
+    joined = combine_sweeps([tmp_path / "uncentred", tmp_path / "converged"], tmp_path / "all")
+    assert joined == {
+        network_label(Pretraining(), SMALL): {80: 6},
+        network_label(Pretraining(), centred=False): {100: 4},
+    }
+    assert "converged (4 epochs on the training split)" in joined
+    assert (tmp_path / "all" / "limit.png").stat().st_size > 0

@@ -42,6 +42,26 @@ def bench_data(path: str, split: str = "test") -> ImageSet:
         ) from None
 
 
+def training_split(path: str, split: str, bench: str) -> ImageSet:
+    """The training split that networks trained to convergence learn from, apart from the
+    attacked ``split`` (which must be the test split).
+
+    Raises
+    ------
+    SystemExit
+        For an .npz (one set of images: the network would train on the attacked batch) or
+        ``split`` other than test.
+    """
+    if split != "test" or Path(path).suffix == ".npz":
+        raise SystemExit(
+            f"fl-sim bench {bench}: converged networks train on a training split and are "
+            "attacked on unseen test images; pass --data an image folder (train/, test/) or a "
+            f"folder holding cifar-10-batches-py, with --split test (got --data {path} --split "
+            f"{split})"
+        )
+    return bench_data(path, "train")
+
+
 def _folder_split(root: Path, split: str) -> ImageSet:
     """One split of an image folder as the benches take images (N x 32 x 32 x 3 uint8)."""
     records = load_image_folder(root)

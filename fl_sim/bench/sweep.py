@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from attacks import SpearConfig
 from fl_sim.bench.attack import aggregate, run_case
 from fl_sim.bench.cases import AttackCase
+from fl_sim.bench.converge import Convergence
 from fl_sim.bench.machine import hardware, measured_on
 from fl_sim.bench.pretrain import Pretraining
 from fl_sim.data.cifar10 import ImageSet
@@ -61,11 +62,16 @@ class SweepPlan:
             )
 
 
-def network_label(pretrain: Pretraining) -> str:
-    """How a sweep's networks were trained, as its series is named."""
+def network_label(
+    pretrain: Pretraining, converged: Convergence | None = None, centred: bool = True
+) -> str:
+    """How a sweep's networks were trained and fed, as its series is named."""
+    inputs = "" if centred else ", [0, 1] inputs"
+    if converged is not None:
+        return f"converged ({converged.epochs} epochs on the training split){inputs}"
     if not pretrain.steps:
-        return AT_INIT
-    return f"trained {pretrain.steps} SGD steps (lr {pretrain.lr:g})"
+        return AT_INIT + inputs
+    return f"trained {pretrain.steps} SGD steps (lr {pretrain.lr:g}){inputs}"
 
 
 def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
@@ -81,15 +87,16 @@ def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
         if not measured:
             continue
         init = network == AT_INIT
-        style = "o-" if init else ("s--", "^:", "d-.")[k % 3]
+        style = "o-" if init else ("s--", "^:", "d-.", "v--", "P:")[k % 5]
         # Trained networks' markers are hollow and larger: they often sit on the init ones.
         look = {} if init else {"mfc": "none", "ms": 10}
-        ax.plot(*zip(*measured, strict=True), style, label=f"fl-sim, {network}", **look)
+        ax.plot(*zip(*measured, strict=True), style, label=f"{k}: fl-sim, {network}", **look)
         ratio.plot(
             [m for m, _ in measured], [b / m for m, b in measured], style, label=network, **look
         )
         for m, b in measured:
-            text, offset = (f"B={b}", (4, -12)) if init else (f"trained: {b}", (8, -26))
+            # Each other network's figure below the last one's, in its own series' order.
+            text, offset = (f"B={b}", (4, -12)) if init else (f"{k}: {b}", (8, -14 - 12 * k))
             ax.annotate(text, (m, b), textcoords="offset points", xytext=offset, fontsize="small")
     for b, m, share in PAPER_POINTS:
         ax.plot(m, b, "x", color="grey")
@@ -124,14 +131,18 @@ def run_sweep(
     threshold: float = 0.9,
     command: str = "",
     pretrain: Pretraining | None = None,
+    converged: Convergence | None = None,
+    train: ImageSet | None = None,
+    centred: bool = True,
 ) -> dict[int, int | None]:
     """Run the sweep of every plan; the largest B meeting ``threshold`` per width (``None``
     when even the start missed it). With ``pretrain`` every network is trained first (each
-    seed its own, the attacked batch kept out)."""
+    seed its own, the attacked batch kept out); with ``converged``, on all of ``train``; with
+    ``centred`` false, on [0, 1] pixels."""
     out.mkdir(parents=True, exist_ok=True)
     norm = Normalization()
     pretrain = pretrain or Pretraining()
-    network = network_label(pretrain)
+    network = network_label(pretrain, converged, centred)
     meta = {
         "hardware": hardware(),
         "data": data.source,
@@ -145,15 +156,17 @@ def run_sweep(
         limits[plan.width] = None
         for b in range(plan.start, plan.stop + 1, plan.step):
             case = AttackCase(
-                f"sweep B={b} m={plan.width}{pretrain.label}",
+                f"sweep B={b} m={plan.width}, {network}",
                 b,
                 plan.width,
                 attack=attack,
                 pretrain=pretrain,
+                converged=converged,
+                centred=centred,
             )
             rows = []
             for k, seed in enumerate(seeds):
-                row = run_case(case, seed, data, norm, torch.float64)
+                row = run_case(case, seed, data, norm, torch.float64, train=train)
                 rows.append(row)
                 with (out / "rows.jsonl").open("a") as f:
                     f.write(json.dumps(row) + "\n")

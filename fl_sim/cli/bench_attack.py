@@ -4,7 +4,6 @@ or one from the command line."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import get_args
 
 import torch
@@ -14,10 +13,15 @@ from attacks.spearpp.config import NullStep, Optimiser, Search, Surrogate
 from clients.defences import training_defences, training_settings
 from fl_sim.bench.attack import run_bench
 from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
-from fl_sim.bench.invocation import DATA_HELP, bench_data, command_line, results_folder
+from fl_sim.bench.invocation import (
+    DATA_HELP,
+    bench_data,
+    command_line,
+    results_folder,
+    training_split,
+)
 from fl_sim.bench.pretrain import Pretraining, add_pretraining_options
 from fl_sim.config.schema import ModelSpec
-from fl_sim.data.cifar10 import ImageSet
 
 
 def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -157,18 +161,6 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
     )
 
 
-def _training_split(args: argparse.Namespace) -> ImageSet:
-    """The training split converged networks learn from, apart from the attacked test split."""
-    if args.split != "test" or Path(args.data).suffix == ".npz":
-        raise SystemExit(
-            f"fl-sim bench attack --preset {args.preset}: its networks train on a training split "
-            "and are attacked on unseen test images; pass --data an image folder (train/, "
-            f"test/) or a folder holding cifar-10-batches-py, with --split test (got --data "
-            f"{args.data} --split {args.split})"
-        )
-    return bench_data(args.data, "train")
-
-
 def _main(args: argparse.Namespace) -> int:
     cases: tuple[AttackCase, ...] = (
         (_custom_case(args),) if args.batch_size is not None else PRESETS[args.preset]
@@ -196,7 +188,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.noise_blind:
         cases = tuple(c if not c.knows_noise else noise_blind(c) for c in cases)
     data = bench_data(args.data, args.split)
-    train = _training_split(args) if any(c.converged for c in cases) else None
+    converged = any(c.converged for c in cases)
+    train = training_split(args.data, args.split, "attack") if converged else None
     out = results_folder(args.out, f"attack-{args.preset}")
     command = command_line()
     dtype = {"float64": torch.float64, "float32": torch.float32}[args.dtype]

@@ -7,7 +7,14 @@ import argparse
 from pathlib import Path
 
 from attacks import SpearConfig
-from fl_sim.bench.invocation import DATA_HELP, bench_data, command_line, results_folder
+from fl_sim.bench.converge import Convergence
+from fl_sim.bench.invocation import (
+    DATA_HELP,
+    bench_data,
+    command_line,
+    results_folder,
+    training_split,
+)
 from fl_sim.bench.pretrain import Pretraining, add_pretraining_options
 
 
@@ -34,6 +41,19 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "limit plot's trained line"
         ),
         default_steps=0,
+    )
+    sweep.add_argument(
+        "--converged",
+        type=int,
+        metavar="EPOCHS",
+        help="sweep networks trained this many epochs on the whole training split of --data "
+        "(an image folder with train/ and test/, or cifar-10-batches-py), attacked on its test "
+        "images",
+    )
+    sweep.add_argument(
+        "--uncentred",
+        action="store_true",
+        help="pixels on [0, 1], as ToTensor() gives them without Normalize",
     )
     sweep.set_defaults(func=_sweep)
     limits = bench.add_parser(
@@ -62,9 +82,13 @@ def _sweep(args: argparse.Namespace) -> int:
         ]
         attack = SpearConfig(time_budget_s=args.time_budget)
         pretrain = Pretraining(args.pretrain_steps, args.pretrain_lr, args.pretrain_batch)
+        converged = None if args.converged is None else Convergence(epochs=args.converged)
     except ValueError as err:
         raise SystemExit(f"fl-sim bench sweep: {err}") from None
+    if converged is not None and pretrain.steps:
+        raise SystemExit("fl-sim bench sweep: --converged and --pretrain-steps both train")
     data = bench_data(args.data, args.split)
+    train = None if converged is None else training_split(args.data, args.split, "sweep")
     out = results_folder(args.out, "sweep")
     seeds = tuple(int(s) for s in args.seeds.split(","))
     limits = run_sweep(
@@ -75,6 +99,9 @@ def _sweep(args: argparse.Namespace) -> int:
         attack=attack,
         command=command_line(),
         pretrain=pretrain,
+        converged=converged,
+        train=train,
+        centred=not args.uncentred,
     )
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, sweep.json, rows.jsonl, limit.png); limits {limits}")
