@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attacks import SpearConfig
-from fl_sim.bench import converge
+from fl_sim.bench import attack, converge
 from fl_sim.bench.attack import run_bench, run_case
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.converge import Convergence
@@ -142,3 +142,29 @@ def test_sweeps_of_converged_and_uncentred_networks_are_their_own_series(tmp_pat
     }
     assert "converged (4 epochs on the training split)" in joined
     assert (tmp_path / "all" / "limit.png").stat().st_size > 0
+
+
+def test_own_images_are_drawn_from_the_training_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    train, test = _splits()
+    drawn_from: list[str] = []
+    real = attack.client_update
+
+    def spy(case: AttackCase, seed: int, data: ImageSet, *args: object) -> object:
+        drawn_from.append(data.source)
+        return real(case, seed, data, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attack, "client_update", spy)
+    case = AttackCase(
+        "own", 6, 80, depth=3, attack=SpearConfig(starts=300, steps=400), converged=SMALL
+    )
+    rows = [
+        run_case(
+            replace(case, own_images=own), 0, test, Normalization(), torch.float64, train=train
+        )
+        for own in (False, True)
+    ]
+    assert drawn_from == ["test", "train"]
+    assert [r["converged"]["own_images"] for r in rows] == [False, True]
+    assert all(r["share_exact"] == 1.0 for r in rows)
+    with pytest.raises(ValueError, match="own_images"):
+        AttackCase("own", 6, 80, own_images=True)

@@ -148,7 +148,8 @@ def run_case(
 ) -> dict[str, Any]:
     """Attack one seed of ``case`` on a batch of ``data``; the row of results (with
     ``svd_reference``, also the seconds of one full SVD of the same gradient, timed right after
-    the attack). A converged case trains its network on ``train`` (``data``: its test split)."""
+    the attack). A converged case trains its network on ``train`` (``data``: its test split)
+    and, with ``own_images``, attacks a batch of ``train``."""
     dtype = getattr(torch, case.dtype) if case.dtype else dtype
     network, converged = None, None
     if case.converged is not None:
@@ -164,8 +165,10 @@ def run_case(
             "test_accuracy": network.test_accuracy,
             "train_accuracy": network.train_accuracy,
             "training_seconds": network.seconds,
+            "own_images": case.own_images,
         }
-    view, images, noise_std = client_update(case, seed, data, norm, dtype, network)
+    batches = train if case.own_images and train is not None else data
+    view, images, noise_std = client_update(case, seed, batches, norm, dtype, network)
     norm = case.normalization(norm)
     # float64 arrays: as numpy code hands them over (the attack sees no tensor dtype).
     arrays = {k: v.numpy() if case.arrays != "tensors" else v for k, v in view.items()}
