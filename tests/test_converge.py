@@ -123,7 +123,10 @@ def test_sweeps_of_converged_and_uncentred_networks_are_their_own_series(tmp_pat
         attack=SpearConfig(starts=300, steps=400),
         converged=SMALL,
         train=train,
+        own_images=True,
     )
+    own = [json.loads(line) for line in (tmp_path / "converged" / "rows.jsonl").open()]
+    assert [r["converged"]["own_images"] for r in own] == [True]
     uncentred = run_sweep(
         [SweepPlan(100, 4, 4, 4)],
         test,
@@ -137,10 +140,10 @@ def test_sweeps_of_converged_and_uncentred_networks_are_their_own_series(tmp_pat
     assert [r["centred"] for r in rows] == [False]
     joined = combine_sweeps([tmp_path / "uncentred", tmp_path / "converged"], tmp_path / "all")
     assert joined == {
-        network_label(Pretraining(), SMALL): {80: 6},
+        network_label(Pretraining(), SMALL, own_images=True): {80: 6},
         network_label(Pretraining(), centred=False): {100: 4},
     }
-    assert "converged (4 epochs on the training split)" in joined
+    assert "converged (4 epochs on the training split), its own training images" in joined
     assert (tmp_path / "all" / "limit.png").stat().st_size > 0
 
 

@@ -63,12 +63,16 @@ class SweepPlan:
 
 
 def network_label(
-    pretrain: Pretraining, converged: Convergence | None = None, centred: bool = True
+    pretrain: Pretraining,
+    converged: Convergence | None = None,
+    centred: bool = True,
+    own_images: bool = False,
 ) -> str:
     """How a sweep's networks were trained and fed, as its series is named."""
     inputs = "" if centred else ", [0, 1] inputs"
     if converged is not None:
-        return f"converged ({converged.epochs} epochs on the training split){inputs}"
+        batches = ", its own training images" if own_images else ""
+        return f"converged ({converged.epochs} epochs on the training split){inputs}{batches}"
     if not pretrain.steps:
         return AT_INIT + inputs
     return f"trained {pretrain.steps} SGD steps (lr {pretrain.lr:g}){inputs}"
@@ -134,15 +138,16 @@ def run_sweep(
     converged: Convergence | None = None,
     train: ImageSet | None = None,
     centred: bool = True,
+    own_images: bool = False,
 ) -> dict[int, int | None]:
     """Run the sweep of every plan; the largest B meeting ``threshold`` per width (``None``
     when even the start missed it). With ``pretrain`` every network is trained first (each
-    seed its own, the attacked batch kept out); with ``converged``, on all of ``train``; with
-    ``centred`` false, on [0, 1] pixels."""
+    seed its own, the attacked batch kept out); with ``converged``, on all of ``train`` (and
+    with ``own_images`` attacked on batches of it); with ``centred`` false, on [0, 1] pixels."""
     out.mkdir(parents=True, exist_ok=True)
     norm = Normalization()
     pretrain = pretrain or Pretraining()
-    network = network_label(pretrain, converged, centred)
+    network = network_label(pretrain, converged, centred, own_images)
     meta = {
         "hardware": hardware(),
         "data": data.source,
@@ -162,6 +167,7 @@ def run_sweep(
                 attack=attack,
                 pretrain=pretrain,
                 converged=converged,
+                own_images=own_images,
                 centred=centred,
             )
             rows = []

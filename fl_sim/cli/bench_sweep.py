@@ -51,6 +51,12 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "images",
     )
     sweep.add_argument(
+        "--own-images",
+        action="store_true",
+        help="with --converged: attack batches of the images the network trained on (memorised "
+        "data) rather than unseen test images",
+    )
+    sweep.add_argument(
         "--uncentred",
         action="store_true",
         help="pixels on [0, 1], as ToTensor() gives them without Normalize",
@@ -87,6 +93,8 @@ def _sweep(args: argparse.Namespace) -> int:
         raise SystemExit(f"fl-sim bench sweep: {err}") from None
     if converged is not None and pretrain.steps:
         raise SystemExit("fl-sim bench sweep: --converged and --pretrain-steps both train")
+    if args.own_images and converged is None:
+        raise SystemExit("fl-sim bench sweep: --own-images needs --converged EPOCHS")
     data = bench_data(args.data, args.split)
     train = None if converged is None else training_split(args.data, args.split, "sweep")
     out = results_folder(args.out, "sweep")
@@ -102,6 +110,7 @@ def _sweep(args: argparse.Namespace) -> int:
         converged=converged,
         train=train,
         centred=not args.uncentred,
+        own_images=args.own_images,
     )
     print((out / "summary.md").read_text())
     print(f"results in {out}/ (summary.md, sweep.json, rows.jsonl, limit.png); limits {limits}")
