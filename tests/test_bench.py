@@ -166,6 +166,11 @@ def test_sweep_finds_limit_and_stops_at_first_miss(tmp_path: Path) -> None:
     assert [s["batch_size"] for s in steps] == [8]
     # Seed 0 missed by more than seed 1 could make up: seed 1 was not run.
     assert steps[0]["seeds"] == [0]
+    # What bounded it, in the attack's words, per seed that missed.
+    assert len(steps[0]["misses"]) == 1 and steps[0]["misses"][0].startswith("seed 0: ")
+    missed = (tmp_path / "miss" / "summary.md").read_text()
+    assert "What bounds each limit" in missed and "m=60, B=8:" in missed
+    assert "What bounds" not in (tmp_path / "ok" / "summary.md").read_text()  # none missed
     assert (tmp_path / "ok" / "limit.png").stat().st_size > 0
 
     from fl_sim.bench.sweep import combine_sweeps

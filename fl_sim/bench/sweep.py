@@ -186,6 +186,12 @@ def run_sweep(
                 "width": plan.width,
                 "batch_size": b,
                 **aggregate(rows),
+                # What kept each seed short of every sample exact, in the attack's own words.
+                "misses": [
+                    f"seed {r['seed']}: {r['attack']['status']}, {r['attack']['reason']}"
+                    for r in rows
+                    if r["share_exact"] < 1
+                ],
             }
             steps.append(summary)
             passed = summary["share_exact_samples"] >= threshold
@@ -285,4 +291,16 @@ def _markdown(
             + " / ".join(f"{st.get(k, 0.0):.1f}" for k in ("factorise", "search", "refine"))
             + f" / {st.get('select', 0.0) + st.get('solve', 0.0):.2f} |"
         )
+    missed = [s for s in steps if s["share_exact_samples"] < threshold and s.get("misses")]
+    if missed:
+        lines += [
+            "",
+            "What bounds each limit: the batch size that missed, per seed short of exact:",
+        ]
+    for s in missed:
+        lines += [
+            "",
+            f"- {s.get('network', AT_INIT)}, m={s['width']}, B={s['batch_size']}:",
+            *(f"  - {miss}" for miss in s["misses"]),
+        ]
     return "\n".join(lines) + "\n"
