@@ -171,3 +171,8 @@ def test_own_images_are_drawn_from_the_training_split(monkeypatch: pytest.Monkey
     assert all(r["share_exact"] == 1.0 for r in rows)
     with pytest.raises(ValueError, match="own_images"):
         AttackCase("own", 6, 80, own_images=True)
+
+
+def test_a_converged_preset_takes_no_pretraining() -> None:
+    with pytest.raises(SystemExit, match="pretrain and converged both train"):
+        main(["bench", "attack", "--preset", "converged", "--pretrain-steps", "10", "--data", "x"])

@@ -180,11 +180,12 @@ def _main(args: argparse.Namespace) -> int:
     if args.pretrain_steps is not None:
         try:
             pre = Pretraining(args.pretrain_steps, args.pretrain_lr, args.pretrain_batch)
-        except ValueError as err:
+            cases = tuple(
+                AttackCase(**{**c.__dict__, "pretrain": pre, "name": c.name + pre.label})
+                for c in cases
+            )
+        except ValueError as err:  # bad settings, or a preset whose networks train already
             raise SystemExit(f"fl-sim bench attack: {err}") from None
-        cases = tuple(
-            AttackCase(**{**c.__dict__, "pretrain": pre, "name": c.name + pre.label}) for c in cases
-        )
     if args.noise_blind:
         cases = tuple(c if not c.knows_noise else noise_blind(c) for c in cases)
     data = bench_data(args.data, args.split)
