@@ -92,14 +92,25 @@ class Convergence:
         when this exact network was trained before."""
         where = CACHE_DIR.expanduser() / f"{self._key(width, depth, seed, train, norm)}.pt"
         if where.is_file():
-            saved = torch.load(where, weights_only=True)
-            return TrainedNetwork(
-                saved["state"],
-                float(saved["test_accuracy"]),
-                float(saved["train_accuracy"]),
-                float(saved["seconds"]),
-            )
-        trained = self._train(width, depth, seed, train, test, norm)
+            return TrainedNetwork(**torch.load(where, weights_only=True))
+        start = time.perf_counter()
+        inputs, labels = _normalised(train, norm)
+        torch.manual_seed(seed)
+        model = fc_relu_net(width, depth)
+        name = f"m={width} depth {depth} seed {seed}"
+        self._train(model, inputs, labels, torch.Generator().manual_seed(seed), name)
+        trained = TrainedNetwork(
+            {k: v.detach().clone() for k, v in model.state_dict().items()},
+            _accuracy(model, *_normalised(test, norm)),
+            _accuracy(model, inputs, labels),
+            time.perf_counter() - start,
+        )
+        log.info(
+            "converged %s: test accuracy %.3f, train %.3f",
+            name,
+            trained.test_accuracy,
+            trained.train_accuracy,
+        )
         where.parent.mkdir(parents=True, exist_ok=True)
         partial = where.with_suffix(f".{os.getpid()}.tmp")
         torch.save(asdict(trained), partial)
@@ -115,19 +126,16 @@ class Convergence:
 
     def _train(
         self,
-        width: int,
-        depth: int,
-        seed: int,
-        train: ImageSet,
-        test: ImageSet,
-        norm: Normalization,
-    ) -> TrainedNetwork:
+        model: nn.Module,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        order: torch.Generator,
+        name: str,
+    ) -> None:
+        """Train ``model`` in place, each epoch over ``inputs`` in an order drawn from
+        ``order``."""
         start = time.perf_counter()
-        inputs, labels = _normalised(train, norm)
-        torch.manual_seed(seed)
-        model = fc_relu_net(width, depth)
         opt = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum)
-        order = torch.Generator().manual_seed(seed)
         for epoch in range(self.epochs):
             model.train()
             for idx in torch.randperm(len(labels), generator=order).split(self.batch_size):
@@ -135,27 +143,13 @@ class Convergence:
                 nn.functional.cross_entropy(model(inputs[idx]), labels[idx]).backward()
                 opt.step()
             log.info(
-                "converging m=%d depth %d seed %d: epoch %d of %d, %.0f s",
-                width,
-                depth,
-                seed,
+                "converging %s: epoch %d of %d, %.0f s",
+                name,
                 epoch + 1,
                 self.epochs,
                 time.perf_counter() - start,
             )
         opt.zero_grad()
-        test_accuracy = _accuracy(model, *_normalised(test, norm))
-        train_accuracy = _accuracy(model, inputs, labels)
-        log.info(
-            "converged m=%d depth %d seed %d: test accuracy %.3f, train %.3f",
-            width,
-            depth,
-            seed,
-            test_accuracy,
-            train_accuracy,
-        )
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return TrainedNetwork(state, test_accuracy, train_accuracy, time.perf_counter() - start)
 
 
 def _normalised(images: ImageSet, norm: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
