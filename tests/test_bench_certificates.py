@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from attacks.errors import NotLowRankError
+from fl_sim.audit.metrics import JUDGED, judge_certificates
+from fl_sim.bench import certificates
 from fl_sim.bench.certificates import CertificateRow, grid
 from fl_sim.cli import main
 
@@ -82,3 +86,24 @@ def test_bench_resumes_from_the_attacks_a_killed_run_wrote(tmp_path: Path) -> No
     # Another budget is another measurement: nothing is taken over.
     assert main([*args[:-4], "--time-budget", "21", "--out", str(out), "--seeds", "1"]) == 0
     assert len((out / "attacks.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_refused_attack_is_recorded_and_the_grid_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise NotLowRankError(181, "float-rank", 181, 3072, 19)
+
+    monkeypatch.setattr(certificates, "reconstruct", refuse)
+    out = tmp_path / "cert"
+    args = ["-q", "bench", "certificates", "--seeds", "2", "--only", "C=3 B=2 float64 fedsgd"]
+    assert main([*args, "--out", str(out)]) == 0
+    (row,) = json.loads((out / "summary.json").read_text())["rows"]
+    assert row["statuses"] == {"refused": 2} and row["exact"] == row["certified"] == 0
+    record = json.loads((out / "attacks.jsonl").read_text().splitlines()[0])
+    assert "not low-rank" in record["reason"] and set(JUDGED) <= set(record)
+
+
+def test_the_judged_keys_are_the_judges() -> None:
+    pixels = torch.rand(3, 12, dtype=torch.float64)
+    assert tuple(judge_certificates(pixels, pixels, torch.ones(3, dtype=torch.bool))) == JUDGED

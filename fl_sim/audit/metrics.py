@@ -76,6 +76,10 @@ class BatchQuality:
         }
 
 
+# What :func:`judge_certificates` counts, by key.
+JUDGED = ("certified_not_exact", "certified_not_near_exact", "exact_uncertified")
+
+
 def judge_certificates(
     reconstructed: torch.Tensor, original: torch.Tensor, certified: torch.Tensor
 ) -> dict[str, int]:

@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from attacks import SpearConfig, reconstruct
+from attacks.errors import AttackInputError
 from clients import TrainingSettings, train_locally, training_settings
-from fl_sim.audit.metrics import EXACT_DB, judge_certificates, match_and_score
+from fl_sim.audit.metrics import EXACT_DB, JUDGED, judge_certificates, match_and_score
 from fl_sim.bench.invocation import command_line, results_folder
 from fl_sim.bench.machine import machine, measured_header
 from strategies import update_as_gradient
@@ -177,7 +178,26 @@ def attack_one(row: CertificateRow, seed: int, config: SpearConfig) -> dict[str,
         for before, now in zip(sent, (first.weight, first.bias), strict=True)
     ]
     started = time.perf_counter()
-    rec = reconstruct(grads[0], grads[1], sent[0], sent[1], config=config)
+    try:
+        rec = reconstruct(grads[0], grads[1], sent[0], sent[1], config=config)
+    except AttackInputError as err:
+        # Refused, as the audit records it (a float32 multi-step update whose round-off fills
+        # every live neuron's rank): nothing certified, nothing exact.
+        return {
+            "row": row.name,
+            "seed": seed,
+            "time_budget_s": config.time_budget_s,
+            "status": "refused",
+            "reason": str(err),
+            "samples": row.batch_size,
+            **dict.fromkeys(
+                ("certified", "exact", *JUDGED),
+                0,
+            ),
+            "psnr_min": None,
+            "stray_zeros_max": None,
+            "seconds": time.perf_counter() - started,
+        }
     seconds = time.perf_counter() - started
     # Judged on [0, 1], where the audit's dB are read.
     shift = 1.0 if row.centred else 0.0
