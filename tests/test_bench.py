@@ -239,3 +239,14 @@ def test_an_uncentred_case_feeds_pixels_on_the_unit_range(tmp_path: Path) -> Non
     (summary,) = run_bench([case], real_images(), tmp_path, command="test")
     row = json.loads((tmp_path / "rows.jsonl").read_text().splitlines()[0])
     assert row["centred"] is False and summary["share_exact_samples"] == 1.0
+
+
+@pytest.mark.parametrize(("epochs", "given"), [(1, True), (2, False)])
+def test_the_next_layer_comes_with_one_step_updates_only(epochs: int, given: bool) -> None:
+    """As the audit gives FedSGD's: one step's next-layer gradient is the same batch's."""
+    training = training_settings("fedavg", lr=0.05, epochs=epochs, mini_batch=4)
+    case = AttackCase("tiny", 4, 60, depth=3, training=training)
+    view, _, _ = client_update(case, 0, real_images(), Normalization(), torch.float64)
+    assert ("next_grad_weight" in view) is given and ("next_grad_bias" in view) is given
+    if given:
+        assert view["next_grad_weight"].shape == (60, 60)

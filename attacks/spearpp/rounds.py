@@ -16,6 +16,7 @@ from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Harvester
+from attacks.spearpp.hidden import RESIDUAL, hidden_inputs
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import zero_mask
 from attacks.spearpp.search import random_starts
@@ -188,10 +189,13 @@ def sign_rounds(
     out_of_time: Callable[[], bool],
     null_step: str,
     patience: int | None = None,
+    hidden: torch.Tensor | None = None,
 ) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
     rounds that find nothing, by default the config's), or time is up; the number of rounds
-    run and of starts they used."""
+    run and of starts they used. ``hidden``, the next layer's row space on the geometry's rows
+    (see :mod:`attacks.spearpp.hidden`), gives the found samples' input coordinates where it
+    holds their hidden vectors."""
     pool, config = harvest.pool, harvest.config
     # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
     inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
@@ -208,7 +212,7 @@ def sign_rounds(
             fresh = pool.columns[inputs.shape[0] :]
             if fresh.shape[0]:  # the deflation changes only when the pool grew
                 active = ~zero_mask(geom.engine_left(), fresh, harvest.rule)
-                inputs = torch.cat([inputs, fit_inputs(geom.affine(), active)[:, :batch_size]])
+                inputs = torch.cat([inputs, _found_inputs(geom, active, hidden, batch_size)])
                 basis = deflation_basis(geom.to_search(pool.columns), inputs)
             # Basins of trained networks' columns are very uneven: rounds that find nothing
             # widen the next one, and a success narrows it again.
@@ -271,6 +275,20 @@ def sign_rounds(
         starts_run += int(points.shape[0])  # one point per start, the last columns' included
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
     return rounds, starts_run
+
+
+def _found_inputs(
+    geom: SignGeometry, active: torch.Tensor, hidden: torch.Tensor | None, batch_size: int
+) -> torch.Tensor:
+    """Input coordinates (c x B) of the found columns' activity patterns: max-margin fits,
+    exact ones from the next layer where it holds the sample's hidden vector."""
+    if hidden is None or not geom.bias.shape[1]:
+        return fit_inputs(geom.affine(), active)[:, :batch_size]
+    inputs, residual = hidden_inputs(geom.affine(), active, hidden)
+    loose = residual >= RESIDUAL
+    if bool(loose.any()):
+        inputs[loose] = fit_inputs(geom.affine(), active[loose])[:, :batch_size]
+    return inputs
 
 
 def faint_noise(fac: Factorisation) -> bool:

@@ -24,6 +24,7 @@ from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.deflate import complement_probes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
+from attacks.spearpp.hidden import hidden_space
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule
@@ -168,8 +169,10 @@ def search_signs(state: SpearState) -> None:
         # near-exact with affine ones.
         bias = None if state.rule.noise_std else obs.bias
         state.geom = geom = SignGeometry.build(state.fac.left, state.fac.right, obs.weight, bias)
+        if bias is not None and obs.next_layer is not None:
+            state.hidden = hidden_space(obs.next_layer, b)
         live = ~obs.silent
-        views = [geom]
+        views = [(geom, state.hidden)]
         if not bool(live.all()):
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows
             # vanish in every direction, yet they are the deepest rows of every sample's
@@ -187,14 +190,16 @@ def search_signs(state: SpearState) -> None:
             )
             # And every row again, with the config's patience, for what the live rows miss
             # (the FedAvg rows above: a last column that the first try's two idle rounds left).
-            views += [live_rows, geom]
+            live_hidden = None if state.hidden is None else state.hidden[live]
+            views += [(live_rows, live_hidden), views[0]]
     harvest.pre = geom.affine()
-    for view in views:
+    for index, (view, hidden) in enumerate(views):
         # Every row is a first try: where it stalls, a few idle rounds say so.
-        patience = FIRST_PATIENCE if len(views) > 1 and view is views[0] else None
+        patience = FIRST_PATIENCE if len(views) > 1 and index == 0 else None
         rounds, starts = sign_rounds(
-            harvest, view, b, state.generator, state.out_of_time, state.null_step, patience
-        )
+            harvest, view, b, state.generator, state.out_of_time, state.null_step, patience,
+            hidden,
+        )  # fmt: skip
         state.sign_rounds += rounds
         state.sign_starts += starts
         if len(state.pool) >= b:
@@ -305,7 +310,7 @@ def repair(state: SpearState) -> None:
         state.harvest.reopen()
         more_rounds, more_starts = sign_rounds(
             state.harvest, geom, b, state.generator, state.out_of_time, state.null_step,
-            REPAIR_PATIENCE,
+            REPAIR_PATIENCE, state.hidden,
         )  # fmt: skip
         state.sign_rounds += more_rounds
         state.sign_starts += more_starts

@@ -46,6 +46,8 @@ class SpearState:
     harvest: Harvester
     out_of_time: Callable[[], bool]
     geom: SignGeometry | None = None
+    # The next layer's row space where it holds the hidden vectors (attacks.spearpp.hidden).
+    hidden: torch.Tensor | None = None
     sign_rounds: int = 0
     sign_starts: int = 0
     starts: int = 0

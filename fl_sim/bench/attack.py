@@ -44,7 +44,7 @@ def client_update(
     (from ``data``; the network's weights from ``network`` when given, trained elsewhere).
 
     Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and for a
-    one-step noisy update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
+    one-step update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
     in the form ``case.arrays`` asks for, the true images on [0, 1] (B x 3 x 32 x 32) and the
     per-entry noise std of the gradient-equivalent.
     """
@@ -83,7 +83,7 @@ def client_update(
         for before, now in zip(sent, after, strict=True)
     ]
     view = {"grad_weight": grads[0], "grad_bias": grads[1], "weight": sent[0], "bias": sent[1]}
-    if result.steps == 1 and result.noise_std > 0:
+    if result.steps == 1:
         view |= {"next_grad_weight": grads[2], "next_grad_bias": grads[3]}
     if case.arrays != "tensors":
         view = {k: v.double() for k, v in view.items()}

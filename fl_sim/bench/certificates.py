@@ -8,7 +8,8 @@ exact (wrong certificates: never acceptable) and the exact samples it did not ce
 
 Inputs are uniform on [0, 1), un-centred, as min-max scaled tables and raw pixels are fed. Each
 update reaches the attack as the audit and ``fl-sim attack`` give it: the float64 difference of
-the weights sent and received, over the learning rate. Ground truth stays here, the judge's side.
+the weights sent and received, over the learning rate, with the next layer's for a one-step
+update. Ground truth stays here, the judge's side.
 """
 
 from __future__ import annotations
@@ -168,18 +169,21 @@ def attack_one(row: CertificateRow, seed: int, config: SpearConfig) -> dict[str,
         model.zero_grad()
     x = row.draw(row.batch_size, generator)
     y = torch.randint(0, row.classes, (row.batch_size,), generator=generator)
-    first = model[0]
-    assert isinstance(first, nn.Linear)
-    sent = (first.weight.detach().double().clone(), first.bias.detach().double().clone())
+    first, second = model[0], model[2]
+    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+    params = (first.weight, first.bias, second.weight, second.bias)
+    sent = [p.detach().double().clone() for p in params]
     settings = DEFENCES[row.defence]
-    train_locally(model, x, y, settings, generator)
+    steps = train_locally(model, x, y, settings, generator).steps
     grads = [
         update_as_gradient(before, now.detach().double(), settings.lr)
-        for before, now in zip(sent, (first.weight, first.bias), strict=True)
+        for before, now in zip(sent, params, strict=True)
     ]
+    # A one-step update comes with the next layer's gradient, as the audit gives FedSGD's.
+    nxt = (grads[2], grads[3]) if steps == 1 else None
     started = time.perf_counter()
     try:
-        rec = reconstruct(grads[0], grads[1], sent[0], sent[1], config=config)
+        rec = reconstruct(grads[0], grads[1], sent[0], sent[1], next_layer=nxt, config=config)
     except AttackInputError as err:
         # Refused, as the audit records it (a float32 multi-step update whose round-off fills
         # every live neuron's rank): nothing certified, nothing exact.
