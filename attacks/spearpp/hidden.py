@@ -26,22 +26,36 @@ from attacks.spearpp.signs import GATHER_ELEMENTS
 # the hidden vectors do not span a B-dimensional space (a multi-step update, noise, or a next
 # layer narrower than the batch).
 RANK_GAP = 1e3
+# Random mixes beyond B that sketch the row space (see hidden_space).
+_OVERSAMPLE = 8
 # Relative residual of h_k off the row space under which an estimate is a sample's.
 RESIDUAL = 1e-6
 
 
 def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
     """Orthonormal basis (m x B) of the row space of the next layer's weight gradient, or
-    ``None`` where its rank is not ``batch_size`` (see :data:`RANK_GAP`)."""
+    ``None`` where its rank is not ``batch_size`` (see :data:`RANK_GAP`).
+
+    The range of G'^T is sketched from random mixes of its columns (k x m with k = m at
+    m = 4000: one full SVD costs tens of seconds, the sketch one product): with rank B exactly,
+    B + :data:`_OVERSAMPLE` mixes hold the whole row space, and the sketch's (B + 1)-th singular
+    value (no larger than the gradient's own) says whether there is more.
+    """
     grad = next_layer.grad_weight
     if grad.shape[0] < batch_size:
         return None
-    _, values, right = torch.linalg.svd(grad, full_matrices=False)
+    width = min(batch_size + _OVERSAMPLE, *grad.shape)
+    generator = torch.Generator(grad.device).manual_seed(0)
+    mixes = torch.randn(
+        grad.shape[0], width, generator=generator, dtype=grad.dtype, device=grad.device
+    )
+    sketch = torch.linalg.qr(grad.T @ mixes).Q  # m x width
+    _, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
     weakest = float(values[batch_size - 1])
     after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
     if weakest <= RANK_GAP * after or weakest <= 0.0:
         return None
-    space: torch.Tensor = right[:batch_size].T
+    space: torch.Tensor = sketch @ right[:batch_size].T
     return space
 
 
