@@ -15,17 +15,14 @@ from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import Factorisation
+from attacks.spearpp.found_inputs import FoundInputs
 from attacks.spearpp.harvest import Harvester
-from attacks.spearpp.hidden import RESIDUAL, hidden_inputs
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import zero_mask
 from attacks.spearpp.search import random_starts
 from attacks.spearpp.signs import (
     FREE_ITERATIONS,
     IRLS_STEPS,
     SignGeometry,
-    deflation_basis,
-    fit_inputs,
     null_step_rows,
     sign_search,
 )
@@ -206,10 +203,7 @@ def sign_rounds(
     (see :mod:`attacks.spearpp.hidden`), gives the found samples' input coordinates where it
     holds their hidden vectors."""
     pool, config = harvest.pool, harvest.config
-    # Estimated input coordinates of the pool's columns, in pool order (the pool only grows).
-    inputs = torch.zeros(0, batch_size, dtype=torch.float64, device=pool.columns.device)
-    basis: torch.Tensor | None = None
-    exact = True  # every estimate so far from the next layer
+    found_inputs = FoundInputs(harvest, geom, hidden, batch_size)
     idle = rounds = starts_run = 0
     # Columns missing at the last complement round that found nothing: it draws from the
     # complement of the found columns, and with as many missing it is retried only once a
@@ -219,12 +213,8 @@ def sign_rounds(
     patience = config.sign_patience if patience is None else patience
     while len(pool) < batch_size and idle < patience and not out_of_time():
         with harvest.clock.stage("search"):
-            fresh = pool.columns[inputs.shape[0] :]
-            if fresh.shape[0]:  # the deflation changes only when the pool grew
-                active = ~zero_mask(geom.engine_left(), fresh, harvest.rule)
-                estimates, from_hidden = _found_inputs(geom, active, hidden, batch_size)
-                inputs, exact = torch.cat([inputs, estimates]), exact and from_hidden
-                basis = deflation_basis(geom.to_search(pool.columns), inputs)
+            found_inputs.update()
+            basis = found_inputs.basis
             # Basins of trained networks' columns are very uneven: rounds that find nothing
             # widen the next one, and a success narrows it again.
             widen = min(2**idle, _SIGN_WIDEN_MAX)
@@ -232,7 +222,7 @@ def sign_rounds(
             found = geom.to_search(pool.columns) if len(pool) else None
             engine_rows = harvest.engine_rows
             rows, free = None, FREE_ITERATIONS
-            if exact and basis is not None:
+            if found_inputs.exact and basis is not None:
                 missing = batch_size - len(pool)
                 rows = min(null_step_rows(*geom.left.shape), _EXACT_ROWS_PER_COLUMN * missing)
                 free = 0
@@ -292,22 +282,6 @@ def sign_rounds(
         starts_run += int(points.shape[0])  # one point per start, the last columns' included
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)
     return rounds, starts_run
-
-
-def _found_inputs(
-    geom: SignGeometry, active: torch.Tensor, hidden: torch.Tensor | None, batch_size: int
-) -> tuple[torch.Tensor, bool]:
-    """Input coordinates (c x B) of the found columns' activity patterns: max-margin fits,
-    exact ones from the next layer where it holds the sample's hidden vector; and whether
-    every one is exact."""
-    if hidden is None or not geom.bias.shape[1]:
-        return fit_inputs(geom.affine(), active)[:, :batch_size], False
-    inputs, residual = hidden_inputs(geom.affine(), active, hidden)
-    loose = residual >= RESIDUAL
-    if not bool(loose.any()):
-        return inputs, True
-    inputs[loose] = fit_inputs(geom.affine(), active[loose])[:, :batch_size]
-    return inputs, False
 
 
 def faint_noise(fac: Factorisation) -> bool:

@@ -1,0 +1,78 @@
+"""``FoundInputs``: the pool's samples' input coordinates, by which the sign rounds deflate."""
+
+from __future__ import annotations
+
+import torch
+
+from attacks.spearpp.harvest import Harvester
+from attacks.spearpp.hidden import RESIDUAL, hidden_inputs
+from attacks.spearpp.refine import zero_mask
+from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs
+
+# The next layer's row space is trusted once it holds this many found patterns per one it
+# does not: a multi-step update's (whose rank test can pass by chance) holds none.
+_TRUST = 4
+
+
+class FoundInputs:
+    """Input coordinates of the pool's columns, in pool order, and the deflation basis.
+
+    Max-margin fits to each column's activity pattern, or, with the next layer's row space
+    (``hidden``, see :mod:`attacks.spearpp.hidden`), the exact coordinates of every pattern it
+    holds. Once it holds most, a verified column whose pattern it does not hold is no sample's:
+    a mix the pool verified (B=150, m=1000, a converged network: one, 30 neurons off the
+    nearest sample's pattern, held the rounds at 140 of 150), evicted and banned. Then every
+    estimate is exact, and so is the complement the rounds search.
+    """
+
+    def __init__(
+        self, harvest: Harvester, geom: SignGeometry, hidden: torch.Tensor | None, b: int
+    ) -> None:
+        self._harvest, self._geom, self._b = harvest, geom, b
+        # The row space, where the geometry's fits are affine (it holds D (A p + b)).
+        self._hidden = hidden if geom.bias.shape[1] else None
+        pool = harvest.pool
+        self.inputs = torch.zeros(0, b, dtype=torch.float64, device=pool.columns.device)
+        # Which estimates are exact, and how many patterns the row space did not hold were
+        # evicted.
+        self._held = torch.zeros(0, dtype=torch.bool, device=pool.columns.device)
+        self._evicted = 0
+        self.basis: torch.Tensor | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether every estimate is exact (from the row space) and there is one at least."""
+        return bool(self._held.numel()) and bool(self._held.all())
+
+    def update(self) -> None:
+        """Estimate the columns the pool gained since the last call (the deflation changes
+        only then)."""
+        pool = self._harvest.pool
+        fresh = pool.columns[self.inputs.shape[0] :]
+        if not fresh.shape[0]:
+            return
+        geom = self._geom
+        active = ~zero_mask(geom.engine_left(), fresh, self._harvest.rule)
+        held = torch.zeros(fresh.shape[0], dtype=torch.bool, device=fresh.device)
+        if self._hidden is None:
+            estimates = fit_inputs(geom.affine(), active)[:, : self._b]
+        else:
+            estimates, residual = hidden_inputs(geom.affine(), active, self._hidden)
+            held = residual < RESIDUAL
+            if not bool(held.all()):
+                estimates[~held] = fit_inputs(geom.affine(), active[~held])[:, : self._b]
+        self.inputs = torch.cat([self.inputs, estimates])
+        self._held = torch.cat([self._held, held])
+        off = ~self._held
+        if self._hidden is not None and bool(off.any()) and self._trusted(int(off.sum())):
+            pool.evict(off, off)
+            self._harvest.reopen()
+            self._evicted += int(off.sum())
+            self.inputs, self._held = self.inputs[~off], self._held[~off]
+        self.basis = (
+            deflation_basis(geom.to_search(pool.columns), self.inputs) if len(pool) else None
+        )
+
+    def _trusted(self, off: int) -> bool:
+        """Whether the row space holds enough found patterns to evict ``off`` it does not."""
+        return int(self._held.sum()) > _TRUST * (off + self._evicted)

@@ -1,0 +1,101 @@
+"""The pool's samples' input coordinates: exact from the next layer, a verified mix evicted once
+the row space is trusted, max-margin fits otherwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks.spearpp.config import SpearConfig
+from attacks.spearpp.factor import Factorisation, factorise
+from attacks.spearpp.found_inputs import FoundInputs
+from attacks.spearpp.harvest import Clock, Harvester
+from attacks.spearpp.hidden import hidden_space
+from attacks.spearpp.inputs import NextLayer
+from attacks.spearpp.pool import ColumnPool
+from attacks.spearpp.refine import ZeroRule, zero_mask
+from attacks.spearpp.signs import SignGeometry
+from fl_sim.model import fc_relu_net
+
+B = 10
+
+
+def _setting(
+    seed: int,
+) -> tuple[Factorisation, SignGeometry, torch.Tensor, torch.Tensor, NextLayer, ZeroRule]:
+    """A one-step update of a depth-3 net (n=40, m=80): its factorisation and geometry, the
+    true columns (engine coordinates, one per row), the inputs' search coordinates, the next
+    layer's gradient and the zero rule."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = fc_relu_net(80, 3, input_dim=40).double()
+    x = torch.randn(B, 40, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 10, (B,), generator=gen)
+    z = net[1](x)
+    z.retain_grad()
+    torch.nn.functional.cross_entropy(net[2:](z), y).backward()
+    first, second = net[1], net[3]
+    grads = (z.grad, first.weight.grad, second.weight.grad, second.bias.grad)
+    assert all(g is not None for g in grads)
+    fac = factorise(
+        first.weight.grad,
+        batch_size=B,
+        noise_std=None,
+        precision=1e-15,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    weight, bias = first.weight.detach(), first.bias.detach()
+    geom = SignGeometry.build(fac.left, fac.right, weight, bias)
+    columns = torch.linalg.lstsq(fac.left, z.grad.T).solution.T
+    coords = x @ (fac.right / fac.right.norm(dim=1, keepdim=True)).T
+    rule = ZeroRule(1e-9, 0.0, 1 / fac.singular_values[:B])
+    nxt = NextLayer(second.weight.grad, second.bias.grad)
+    return fac, geom, torch.nn.functional.normalize(columns, dim=1), coords, nxt, rule
+
+
+def _found(
+    seed: int, columns: torch.Tensor, hidden: bool = True
+) -> tuple[FoundInputs, ColumnPool, torch.Tensor, torch.Tensor]:
+    fac, geom, truth, coords, nxt, rule = _setting(seed)
+    pool = ColumnPool(B, truth.device, spares=2 * B, same_cosine=rule.same_column_cosine)
+    picked = columns(truth)
+    for column in picked:
+        pool.admit(column, zero_mask(fac.left, column[None], rule).sum())
+    gen = torch.Generator().manual_seed(seed)
+    harvest = Harvester(fac.left, fac.left, rule, SpearConfig(), pool, Clock(), gen)
+    found = FoundInputs(harvest, geom, hidden_space(nxt, B) if hidden else None, B)
+    found.update()
+    return found, pool, truth, coords
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_exact_coordinates_and_a_verified_mix_evicted(seed: int) -> None:
+    def seven_and_a_mix(truth: torch.Tensor) -> torch.Tensor:
+        mix = torch.nn.functional.normalize(truth[7] + truth[8], dim=0)
+        return torch.cat([truth[:7], mix[None]])
+
+    found, pool, truth, coords = _found(seed, seven_and_a_mix)
+    assert len(pool) == 7 and found.exact
+    torch.testing.assert_close(pool.columns, truth[:7])
+    torch.testing.assert_close(found.inputs, coords[:7], rtol=1e-8, atol=1e-8)
+    mix = truth[7] + truth[8]
+    assert bool(pool.near_found(mix[None], 0.999).all())  # banned: never taken again
+    assert found.basis is not None and found.basis.shape == (B, 7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_mix_among_few_found_is_kept_and_the_deflation_is_not_exact(seed: int) -> None:
+    def two_and_a_mix(truth: torch.Tensor) -> torch.Tensor:
+        mix = torch.nn.functional.normalize(truth[7] + truth[8], dim=0)
+        return torch.cat([truth[:2], mix[None]])
+
+    found, pool, _, coords = _found(seed, two_and_a_mix)
+    assert len(pool) == 3 and not found.exact
+    torch.testing.assert_close(found.inputs[:2], coords[:2], rtol=1e-8, atol=1e-8)
+
+
+def test_without_the_next_layer_the_fits_are_max_margin() -> None:
+    found, pool, _, coords = _found(0, lambda truth: truth[:7], hidden=False)
+    assert len(pool) == 7 and not found.exact
+    cosine = torch.nn.functional.cosine_similarity(found.inputs, coords[:7], dim=1)
+    assert bool((cosine > 0.5).all()) and not torch.allclose(found.inputs, coords[:7])
