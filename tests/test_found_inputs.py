@@ -3,6 +3,8 @@ the row space is trusted, max-margin fits otherwise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -54,7 +56,7 @@ def _setting(
 
 
 def _found(
-    seed: int, columns: torch.Tensor, hidden: bool = True
+    seed: int, columns: Callable[[torch.Tensor], torch.Tensor], hidden: bool = True
 ) -> tuple[FoundInputs, ColumnPool, torch.Tensor, torch.Tensor]:
     fac, geom, truth, coords, nxt, rule = _setting(seed)
     pool = ColumnPool(B, truth.device, spares=2 * B, same_cosine=rule.same_column_cosine)
@@ -68,13 +70,19 @@ def _found(
     return found, pool, truth, coords
 
 
+def _and_a_mix(count: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The first ``count`` true columns and a mix of columns 7 and 8 (zero where both are)."""
+
+    def columns(truth: torch.Tensor) -> torch.Tensor:
+        mix = torch.nn.functional.normalize(truth[7] + truth[8], dim=0)
+        return torch.cat([truth[:count], mix[None]])
+
+    return columns
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_exact_coordinates_and_a_verified_mix_evicted(seed: int) -> None:
-    def seven_and_a_mix(truth: torch.Tensor) -> torch.Tensor:
-        mix = torch.nn.functional.normalize(truth[7] + truth[8], dim=0)
-        return torch.cat([truth[:7], mix[None]])
-
-    found, pool, truth, coords = _found(seed, seven_and_a_mix)
+    found, pool, truth, coords = _found(seed, _and_a_mix(7))
     assert len(pool) == 7 and found.exact
     torch.testing.assert_close(pool.columns, truth[:7])
     torch.testing.assert_close(found.inputs, coords[:7], rtol=1e-8, atol=1e-8)
@@ -85,11 +93,7 @@ def test_exact_coordinates_and_a_verified_mix_evicted(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_mix_among_few_found_is_kept_and_the_deflation_is_not_exact(seed: int) -> None:
-    def two_and_a_mix(truth: torch.Tensor) -> torch.Tensor:
-        mix = torch.nn.functional.normalize(truth[7] + truth[8], dim=0)
-        return torch.cat([truth[:2], mix[None]])
-
-    found, pool, _, coords = _found(seed, two_and_a_mix)
+    found, pool, _, coords = _found(seed, _and_a_mix(2))
     assert len(pool) == 3 and not found.exact
     torch.testing.assert_close(found.inputs[:2], coords[:2], rtol=1e-8, atol=1e-8)
 
