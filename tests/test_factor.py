@@ -249,3 +249,19 @@ def test_declared_batch_size_wins() -> None:
     )
     assert (fac.batch_size, fac.method) == (12, "declared")
     assert not math.isnan(float(fac.right.sum()))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("weakest", "rank"), [(3e-10, 8), (1e-11, 8), (1e-17, 7)])
+def test_a_float64_sample_under_the_floor_counts_where_a_gap_parts_it_from_round_off(
+    seed: int, weakest: float, rank: int
+) -> None:
+    """Seven samples and one ``weakest`` times as strong (a memorised sample): under the 1e-9
+    floor, it counts while a gap of 1e3 parts it from float64's round-off, not once it sits
+    in it."""
+    gen = torch.Generator().manual_seed(seed)
+    up = torch.randn(8, 300, generator=gen, dtype=torch.float64)
+    up[7] *= weakest
+    gw = up.T @ torch.randn(8, 500, generator=gen, dtype=torch.float64)
+    fac = factorise(gw, batch_size=None, noise_std=None, precision=1e-9, generator=_gen())
+    assert (fac.batch_size, fac.method) == (rank, "float-rank")
