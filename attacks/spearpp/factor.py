@@ -282,9 +282,10 @@ def _top_svd(
 
 
 def _weak_rank(s: torch.Tensor, rank: int) -> int:
-    """The rank of a float64 spectrum counting samples under the floor but a clear gap above
-    its round-off: the largest r >= ``rank`` with s_r / s_{r+1} >= :data:`WEAK_GAP` and
-    s_{r+1} at round-off (:data:`FLOAT64_ROUNDOFF` of s_1), else ``rank``.
+    """The rank of a float64 spectrum counting samples under the floor but above its
+    round-off: the largest r >= ``rank`` with s_r above :data:`FLOAT64_ROUNDOFF` of s_1 and
+    s_r / s_{r+1} >= :data:`WEAK_GAP`, else ``rank`` (a rank-deficient gradient's round-off
+    tail can fall off as steeply, below that level).
 
     A network that fits a sample almost perfectly sends a gradient for it thousands of times
     weaker than the others' (m=200 trained 60 epochs, B=30 unseen images: one at 3.6e-10 of
@@ -292,8 +293,8 @@ def _weak_rank(s: torch.Tensor, rank: int) -> int:
     space, and no sample of the batch came back exact.
     """
     for r in range(s.shape[0] - 1, rank - 1, -1):
-        at_roundoff = float(s[r]) <= FLOAT64_ROUNDOFF * float(s[0])
-        if r and at_roundoff and float(s[r - 1]) >= WEAK_GAP * float(s[r]):
+        above = float(s[r - 1]) > FLOAT64_ROUNDOFF * float(s[0]) if r else False
+        if above and float(s[r - 1]) >= WEAK_GAP * float(s[r]):
             return r
     return rank
 
