@@ -1,13 +1,11 @@
 """Step 1: the low-rank factorisation dL/dW = L R and the batch size read off its rank.
 
 Noise, declared or not, shows in the spectrum: an m x n matrix of i.i.d. entries of std s has its
-singular values in a Marchenko-Pastur bulk whose top edge sits at s (sqrt(m) + sqrt(n)), and a
-rank-B gradient plus that noise keeps B singular values above it. When no noise is declared and
-the tail of the spectrum stands above the gradient's round-off, the bulk is fitted: for a rank r,
-the energy left outside the top r singular directions is that of an (m - r) x (n - r) noise
-matrix, s^2 (m - r) (n - r); r is the number of singular values above the edge this s puts
-(a fixed point, reached from r = 0 upwards), and the fit counts as a noise bulk only when the
-largest singular value left out sits at the fitted edge, as Gaussian noise puts it.
+singular values in a Marchenko-Pastur bulk with top edge s (sqrt(m) + sqrt(n)), and a rank-B
+gradient plus that noise keeps B singular values above it. Undeclared noise above the round-off is
+fitted as a bulk: for rank r the energy outside the top r directions is s^2 (m - r) (n - r), r the
+count above the edge this s puts (a fixed point from r = 0 up), counted as noise only when the
+largest value left out sits at the fitted edge, as Gaussian noise puts it.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import torch
 
 from attacks.errors import AttackInputError, NotLowRankError
 from attacks.spearpp.inputs import FLOAT32_PRECISION
+from attacks.spearpp.weak_rank import weak_rank
 
 # A Gaussian m x n noise matrix of entry std s has its largest singular value near
 # s (sqrt(m) + sqrt(n)); signal must clear that edge by this factor to count.
@@ -27,10 +26,6 @@ NOISE_EDGE_FACTOR = 1.5
 _OVERSAMPLE = 16
 # Undeclared noise: the signal must stand this far above the noise bulk at the gap.
 MIN_SPECTRAL_GAP = 100.0
-# A float64 spectrum's round-off, relative to s_1, and the gap above it that makes a singular
-# value under the precision floor a sample's (see _weak_rank).
-FLOAT64_ROUNDOFF = 1e-12
-WEAK_GAP = 1e3
 # The largest singular value left out of a fitted bulk must lie within these factors of the
 # fitted edge for the tail to count as noise. Measured: 0.98 to 1.0 under DP-SGD noise and under
 # float32 round-off of weight differences (0.95 from the randomised SVD at m = 4000); 1.5 where
@@ -281,24 +276,6 @@ def _top_svd(
     return basis @ u_small, s, vh, outside
 
 
-def _weak_rank(s: torch.Tensor, rank: int) -> int:
-    """The rank of a float64 spectrum counting samples under the floor but above its
-    round-off: the largest r >= ``rank`` with s_r above :data:`FLOAT64_ROUNDOFF` of s_1 and
-    s_r / s_{r+1} >= :data:`WEAK_GAP`, else ``rank`` (a rank-deficient gradient's round-off
-    tail can fall off as steeply, below that level).
-
-    A network that fits a sample almost perfectly sends a gradient for it thousands of times
-    weaker than the others' (m=200 trained 60 epochs, B=30 unseen images: one at 3.6e-10 of
-    s_1, round-off at 1.7e-15). Left out, its direction is missing from every sample's input
-    space, and no sample of the batch came back exact.
-    """
-    for r in range(s.shape[0] - 1, rank - 1, -1):
-        above = float(s[r - 1]) > FLOAT64_ROUNDOFF * float(s[0]) if r else False
-        if above and float(s[r - 1]) >= WEAK_GAP * float(s[r]):
-            return r
-    return rank
-
-
 def _gap_rank(s: torch.Tensor) -> int:
     """Position of the largest ratio between consecutive singular values."""
     logs = torch.log(s.clamp_min(float(s[0]) * 1e-300))
@@ -389,9 +366,8 @@ def factorise(
                 generator.set_state(state)
                 continue
             rank, method, threshold = int((s > floor).sum()), "float-rank", floor
-            weak = _weak_rank(s, rank) if not float32 else rank
-            if weak > rank:
-                rank, threshold = weak, math.sqrt(float(s[weak - 1] * s[weak]))
+            if not float32:
+                rank, threshold = weak_rank(s, rank, threshold)
             if float32 and rank < k:
                 # Weak samples of a trained network sit below the floor but far above the
                 # round-off's own bulk (B=50, m=1000, 1000 SGD steps: two at 5.6e-6 and 1.7e-6
@@ -481,10 +457,7 @@ def _note(
     if estimated is None:
         told = "none declared" if not declared else f"declared {declared:.3g} per entry"
         if above:
-            return (
-                "the spectrum's tail stands above the round-off but is no Gaussian noise bulk "
-                f"({told})"
-            )
+            return f"the spectrum's tail stands above the round-off, no Gaussian bulk ({told})"
         return f"no noise bulk above the round-off in the spectrum ({told})"
     bulk = f"a noise bulk of std {estimated:.3g} per entry ({estimated / top:.1e} of s_1)"
     if not declared:
