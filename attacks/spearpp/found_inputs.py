@@ -19,19 +19,18 @@ class FoundInputs:
     """Input coordinates of the pool's columns, in pool order, and the deflation basis.
 
     Max-margin fits to each column's activity pattern, or, with the next layer's row space
-    (``hidden``, see :mod:`attacks.spearpp.hidden`), the exact coordinates of every pattern it
-    holds. Once it holds most, a verified column whose pattern it does not hold is no sample's:
-    a mix the pool verified (B=150, m=1000, a converged network: one, 30 neurons off the
-    nearest sample's pattern, held the rounds at 140 of 150), and is evicted. Then every
-    estimate is exact, and so is the complement the rounds search.
+    (``hidden``, see :mod:`attacks.spearpp.hidden`; given only where the geometry's fits are
+    affine, since it holds D (A p + b)), the exact coordinates of every pattern it holds. Once
+    it holds most, a verified column whose pattern it does not hold is no sample's: a mix the
+    pool verified (B=150, m=1000, a converged network: one, 30 neurons off the nearest
+    sample's pattern, held the rounds at 140 of 150), and is evicted. Then every estimate is
+    exact, and so is the complement the rounds search.
     """
 
     def __init__(
         self, harvest: Harvester, geom: SignGeometry, hidden: torch.Tensor | None, b: int
     ) -> None:
-        self._harvest, self._geom, self._b = harvest, geom, b
-        # The row space, where the geometry's fits are affine (it holds D (A p + b)).
-        self._hidden = hidden if geom.bias.shape[1] else None
+        self._harvest, self._geom, self._hidden, self._b = harvest, geom, hidden, b
         pool = harvest.pool
         self.inputs = torch.zeros(0, b, dtype=torch.float64, device=pool.columns.device)
         # Which estimates are exact, and how many patterns the row space did not hold were
