@@ -47,7 +47,9 @@ class Reconstruction:
         verified columns), ``selected``; SPEAR++ adds ``sign_rounds``, ``settled_last``
         (columns settled in closed form once only one or two were missing),
         ``unpinned_last`` (1 where the last column's zeros did not pin it) and
-        ``next_layer_settled`` (samples the next layer's gradient then fixed).
+        ``next_layer_settled`` (samples the next layer's gradient then fixed) and
+        ``next_layer_certified`` (samples certified because their inputs from the next
+        layer's row space agree with their columns').
     settings
         The configuration used, plus the device and what the attacker was told.
     reason

@@ -1,14 +1,16 @@
 """Found samples' input coordinates from the next layer's gradient: exact on one step, refused
-where the hidden vectors do not span B dimensions."""
+where the hidden vectors do not span B dimensions; the certificate it gives each input."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
 
 from attacks import SpearConfig, reconstruct
-from attacks.spearpp.hidden import RESIDUAL, hidden_inputs, hidden_space
-from attacks.spearpp.inputs import NextLayer
+from attacks.spearpp.hidden import RESIDUAL, confirmed_inputs, hidden_inputs, hidden_space
+from attacks.spearpp.inputs import LayerObservation, NextLayer
 from fl_sim.model import fc_relu_net
 
 
@@ -109,3 +111,109 @@ def test_the_engine_takes_the_next_layer_on_every_view(seed: int) -> None:
     assert rec.status == "exact"
     error = (rec.inputs[:, None] - x[None]).norm(dim=2).amin(dim=0)
     assert float(error.max()) < 1e-8
+
+
+def _observation(x: torch.Tensor, affine: torch.Tensor) -> tuple[LayerObservation, torch.Tensor]:
+    """The first layer as sent (its gradients are not used here) and the inputs' span (B x n),
+    as the gradient's right factor gives it."""
+    weight, bias = affine[:, :-1], affine[:, -1]
+    obs = LayerObservation(torch.zeros_like(weight), torch.zeros_like(bias), weight, bias, 1e-16)
+    return obs, torch.linalg.qr(x.T).Q.T
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_row_space_confirms_every_true_input(seed: int) -> None:
+    x, affine, nxt, _ = _update(seed)
+    space = hidden_space(nxt, x.shape[0])
+    assert space is not None
+    obs, right = _observation(x, affine)
+    found, held, confirmed = confirmed_inputs(x, right, obs, space)
+    assert bool(held.all()) and bool(confirmed.all())
+    torch.testing.assert_close(found, x, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_blend_is_refused_and_a_nearly_right_input_corrected_but_not_confirmed(
+    seed: int,
+) -> None:
+    x, affine, nxt, _ = _update(seed)
+    space = hidden_space(nxt, x.shape[0])
+    assert space is not None
+    obs, right = _observation(x, affine)
+    given = x.clone()
+    given[0] = 0.6 * x[0] + 0.4 * x[1]
+    # Off by 1e-4 of its norm within the batch's span: the same active neurons, another input.
+    given[2] = x[2] + 1e-4 * x[2].norm() * torch.nn.functional.normalize(x[3] - x[4], dim=0)
+    assert bool(
+        (((given[2] @ obs.weight.T + obs.bias) > 0) == ((x[2] @ obs.weight.T + obs.bias) > 0)).all()
+    )
+    found, held, confirmed = confirmed_inputs(given, right, obs, space)
+    assert not bool(held[0]) and not bool(confirmed[0])
+    assert bool(held[2]) and not bool(confirmed[2])
+    torch.testing.assert_close(found[2], x[2], rtol=1e-8, atol=1e-8)
+    assert bool(confirmed[3:].all())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_several_steps_confirm_nothing(seed: int) -> None:
+    x, affine, nxt, _ = _update(seed, steps=3)
+    space = hidden_space(nxt, x.shape[0])
+    if space is not None:
+        obs, right = _observation(x, affine)
+        assert not bool(confirmed_inputs(x, right, obs, space)[2].any())
+
+
+def _weak_sample(seed: int, weak: float, b: int = 12) -> dict[str, torch.Tensor]:
+    """A one-step update whose sample 0 reaches both layers ``weak`` times as strongly as the
+    others (a memorised network's well-fitted sample: 1e-10 to 1e-9 measured): per-sample
+    gradients D_i v_i at the first layer and w_i at the next, with h_i as its input."""
+    gen = torch.Generator().manual_seed(seed)
+    n, m, m2 = 60, 120, 80
+    weight = torch.randn(m, n, generator=gen, dtype=torch.float64) / n**0.5
+    bias = 0.1 * torch.randn(m, generator=gen, dtype=torch.float64)
+    x = torch.randn(b, n, generator=gen, dtype=torch.float64)
+    pre = x @ weight.T + bias
+    strength = torch.ones(b, dtype=torch.float64)
+    strength[0] = weak
+    dz = (pre > 0) * torch.randn(b, m, generator=gen, dtype=torch.float64) * strength[:, None]
+    w = torch.randn(b, m2, generator=gen, dtype=torch.float64) * strength[:, None]
+    return {
+        "grad_weight": dz.T @ x,
+        "grad_bias": dz.sum(0),
+        "weight": weight,
+        "bias": bias,
+        "next_grad_weight": w.T @ torch.relu(pre),
+        "next_grad_bias": w.sum(0),
+        "x": x,
+    }
+
+
+def _attack(view: dict[str, torch.Tensor], nxt: dict[str, torch.Tensor], seed: int) -> Any:
+    return reconstruct(
+        view["grad_weight"],
+        view["grad_bias"],
+        view["weight"],
+        view["bias"],
+        next_layer=(nxt["next_grad_weight"], nxt["next_grad_bias"]),
+        config=SpearConfig(seed=seed),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_sample_too_weak_to_verify_no_longer_withholds_the_others(seed: int) -> None:
+    """At 1e-10 of the others the weak sample's column is known to 1e-6 (the factors' round-off
+    over its singular value): no search verifies it, and without the next layer no sample of
+    the batch is certified. The row space confirms the eleven others, and only them."""
+    view = _weak_sample(seed, 1e-10)
+    rec = _attack(view, view, seed)
+    assert rec.status == "partial" and int(rec.verified.sum()) == 11
+    assert int(rec.certified.sum()) == 11 and rec.counts["next_layer_certified"] == 11
+    error = (rec.inputs[:, None] - view["x"][None]).norm(dim=2).amin(dim=1)
+    assert float(error[rec.certified].max()) < 1e-10 * float(view["x"].norm(dim=1).min())
+    assert "by the next layer's gradient" in rec.reason
+
+
+def test_another_batchs_next_layer_confirms_nothing() -> None:
+    view = _weak_sample(0, 1e-10)
+    rec = _attack(view, _weak_sample(1, 1e-10), 0)
+    assert int(rec.certified.sum()) == 0 and rec.counts["next_layer_certified"] == 0

@@ -10,6 +10,7 @@ import time
 import torch
 
 from attacks.result import Reconstruction, Status
+from attacks.spearpp.hidden import confirmed_inputs
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.last_column import settle_uncertain
@@ -152,6 +153,17 @@ def certified(state: SpearState) -> Reconstruction:
     # the output gradients are dependent; there two neurons of one active set agree as if one
     # sample were alone (binary one-hidden-layer nets: every row is w_j sum_S s_i x_i).
     mixed = found >= b and not consistent
+    confirmed = 0
+    if certifying and not exact and not mixed and not coarse and state.hidden is not None:
+        # The next layer's row space confirms each input apart from the other columns (see
+        # confirmed_inputs): a missing or loosely pinned column no longer withholds the rest.
+        with clock.stage("solve"):
+            from_space, held, agree_both = confirmed_inputs(inputs, fac.right, obs, state.hidden)
+        fresh = agree_both.to(certified.device) & ~certified
+        replace = (held.to(certified.device) & ~certified).to(inputs.device)
+        inputs = torch.where(replace[:, None], from_space, inputs)
+        certified, confirmed = certified | fresh, int(fresh.sum())
+        exact = bool(certified.all())
     if not exact and not mixed:
         with clock.stage("solve"):
             isolated = isolated_samples(
@@ -183,11 +195,16 @@ def certified(state: SpearState) -> Reconstruction:
             "settled_last": harvest.settled_last,
             "unpinned_last": int(harvest.unpinned is not None),
             "next_layer_settled": settled,
+            "next_layer_certified": confirmed,
             "repairs": state.repairs,
         },
         settings=state.settings,
-        reason=_reason(
-            state, exact, mixed, certifying, stray, certified, confidence, slack, spread
+        reason=_reason(state, exact, mixed, certifying, stray, certified, confidence, slack, spread)
+        + (
+            f"; {confirmed} samples certified by the next layer's gradient (each input from "
+            "its row space agrees with its columns')"
+            if confirmed and not exact
+            else ""
         ),
         **fac.report(),
     )

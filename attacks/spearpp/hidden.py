@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from attacks.spearpp.inputs import NextLayer
+from attacks.spearpp.inputs import LayerObservation, NextLayer
 from attacks.spearpp.signs import GATHER_ELEMENTS
 
 # Gap between the B-th and (B + 1)-th singular values of G' that says its rank is B: below it
@@ -30,6 +30,14 @@ RANK_GAP = 1e3
 _OVERSAMPLE = 8
 # Relative residual of h_k off the row space under which an estimate is a sample's.
 RESIDUAL = 1e-6
+# Smallest singular value, relative to the largest, of the fit's system (the pattern's rows
+# of the pre-activations, off the row space) under which it does not fix the input: a
+# pattern with too few active neurons fits many (1e-2 on memorised networks' samples).
+DETERMINED = 1e-6
+# Relative distance between a sample's input from the row space and from the columns under
+# which both are its own: 100 dB is an RMS error of 1e-5 of the [0, 1] pixel range, about
+# 4e-5 of a normalised image's norm, so two derivations this close are each exact.
+AGREE = 1e-6
 
 
 def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
@@ -92,3 +100,50 @@ def hidden_inputs(
         coords.append(p[..., 0])
         residuals.append(residual)
     return torch.cat(coords), torch.cat(residuals)
+
+
+def confirmed_inputs(
+    inputs: torch.Tensor, right: torch.Tensor, obs: LayerObservation, space: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each input as the row space gives it, whether that is a sample's, and whether it
+    confirms ``inputs`` (float64, noiseless one-step updates).
+
+    The inputs from the columns (x = Q^-1 R, scaled by the bias gradient) depend on every
+    column: with one missing, or one pinned loosely by its zeros, none is vouched for, though
+    most are exact. Each input's activity pattern D gives the input whose hidden vector
+    D (W x + b) is nearest the row space, x in the span of the batch. A sample's lies in it to
+    round-off (:data:`RESIDUAL`), uniquely where the fit is determined (:data:`DETERMINED`),
+    and leaves the same neurons active; an input that is not a sample's does not: on the
+    neurons where a blend's samples disagree its pre-activation is no combination of their
+    hidden vectors. Where that input also agrees with the columns' (:data:`AGREE`), two
+    derivations vouch for it.
+
+    Parameters
+    ----------
+    inputs
+        The inputs from the columns (B x n).
+    right
+        The gradient's right factor (B x n), whose rows span the batch's inputs.
+    obs
+        The layer observed.
+    space
+        The next layer's row space (m x B, :func:`hidden_space`).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        The inputs from the row space (B x n), which of them are samples' (B), and which of
+        those confirm ``inputs`` (B).
+    """
+    basis = torch.linalg.qr(right.T).Q  # n x B: the inputs' span
+    affine = torch.cat([obs.weight @ basis, obs.bias[:, None]], dim=1)
+    active = (inputs @ obs.weight.T + obs.bias) > 0
+    coords, residual = hidden_inputs(affine, active, space)
+    found = coords @ basis.T
+    own = ((found @ obs.weight.T + obs.bias) > 0) == active
+    masked = active.to(affine.dtype)[:, :, None] * affine[:, :-1]
+    values = torch.linalg.svdvals(masked - space @ (space.T @ masked))
+    determined = values[:, -1] > DETERMINED * values[:, 0]
+    held = (residual < RESIDUAL) & own.all(dim=1) & determined
+    close = (found - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
+    return found, held, held & close
