@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attacks.spearpp.inputs import LayerObservation, NextLayer
+from attacks.spearpp.next_noise import next_layer_noise, next_layer_weight
 from attacks.spearpp.refine import ZeroRule, canonical_sign
 from attacks.spearpp.solve import complete_basis, solve_inputs
 
@@ -41,11 +42,12 @@ def test_complete_basis_fills_with_spares_then_complement() -> None:
 
 
 def _two_layers(
-    seed: int, noise: float
+    seed: int, noise: float, next_noise: float | None = None
 ) -> tuple[LayerObservation, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A one-step gradient of ``Linear -> ReLU -> Linear`` on B inputs, every entry of it with
-    Gaussian noise of std ``noise``: the observation (next layer included), the true inputs,
-    and SVD factors and unit columns of the noisy first-layer gradient."""
+    Gaussian noise of std ``noise`` (the next layer's ``next_noise`` where given): the
+    observation (next layer included), the true inputs, and SVD factors and unit columns of the
+    noisy first-layer gradient."""
     g = torch.Generator().manual_seed(seed)
     b, n, m, k = 8, 40, 60, 60
     f64 = torch.float64
@@ -57,11 +59,12 @@ def _two_layers(
     out = torch.randn(b, k, generator=g, dtype=f64)  # each sample's next-layer output gradient
     up = (out @ w2) * (z1 > 0)  # backpropagated through the ReLU: this layer's columns
 
-    def noisy(t: torch.Tensor) -> torch.Tensor:
-        return t + noise * torch.randn(t.shape, generator=g, dtype=f64)
+    def noisy(t: torch.Tensor, std: float = noise) -> torch.Tensor:
+        return t + std * torch.randn(t.shape, generator=g, dtype=f64)
 
     gw, gb = noisy(up.T @ x), noisy(up.sum(0))
-    nxt = NextLayer(noisy(out.T @ torch.relu(z1)), noisy(out.sum(0)))
+    second = noise if next_noise is None else next_noise
+    nxt = NextLayer(noisy(out.T @ torch.relu(z1), second), noisy(out.sum(0), second))
     u, s, vh = torch.linalg.svd(gw, full_matrices=False)
     left, right = u[:, :b], s[:b, None] * vh[:b]
     columns = torch.nn.functional.normalize(left.T @ up.T, dim=0).T
@@ -73,7 +76,7 @@ def _two_layers(
 def test_next_layer_scales_are_exact_without_noise(seed: int) -> None:
     obs, x, left, right, columns = _two_layers(seed, noise=0.0)
     rule = ZeroRule(1e-9, 0.0, torch.ones(len(x), dtype=torch.float64))
-    sol = solve_inputs(columns, left, right, obs, rule, next_layer=True)
+    sol = solve_inputs(columns, left, right, obs, rule, next_weight=1.0)
     assert torch.allclose(sol.inputs, x, atol=1e-9)
 
 
@@ -85,8 +88,44 @@ def test_next_layer_pins_scales_under_noise() -> None:
         obs, x, left, right, columns = _two_layers(seed, noise=0.05)
         rule = ZeroRule(1e-9, 0.05, torch.ones(len(x), dtype=torch.float64))
         for joint in (False, True):
-            rec = solve_inputs(columns, left, right, obs, rule, next_layer=joint).inputs
+            rec = solve_inputs(columns, left, right, obs, rule, next_weight=float(joint)).inputs
             scale = (rec * x).sum(1) / x.square().sum(1)  # 1 for a right scale
             errors[joint].append((scale - 1).abs())
     bias_only, joint = (torch.cat(errors[j]).median() for j in (False, True))
     assert joint < 0.5 * bias_only, (float(joint), float(bias_only))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("std", [1e-8, 1e-3])
+def test_the_next_layers_noise_is_read_off_its_gradient(seed: int, std: float) -> None:
+    obs, x, *_ = _two_layers(seed, noise=0.0, next_noise=std)
+    assert obs.next_layer is not None
+    assert next_layer_noise(obs.next_layer, len(x)) == pytest.approx(std, rel=0.1)
+    assert next_layer_weight(obs.next_layer, len(x), 0.25 * std) == pytest.approx(0.25, rel=0.1)
+
+
+def test_a_next_layer_without_noise_shows_only_round_off() -> None:
+    obs, x, *_ = _two_layers(0, noise=0.0)
+    assert obs.next_layer is not None
+    assert next_layer_noise(obs.next_layer, len(x)) < 1e-12
+    # Narrower than the batch: nothing outside the top B directions to read.
+    narrow = NextLayer(obs.next_layer.grad_weight[:8], obs.next_layer.grad_bias[:8])
+    assert next_layer_noise(narrow, len(x)) == 0.0
+    assert next_layer_weight(narrow, len(x), 1e-3) == 1.0
+
+
+def test_a_noisier_next_layer_weighs_less() -> None:
+    """Round-off of a float32 update sent as a float64 difference grows with each layer's
+    weights: with the next layer's noise four times this one's, weighting each layer by its own
+    noise errs less than equal weights."""
+    errors: dict[str, list[torch.Tensor]] = {"equal": [], "weighted": []}
+    for seed in range(8):
+        obs, x, left, right, columns = _two_layers(seed, noise=0.01, next_noise=0.04)
+        assert obs.next_layer is not None
+        rule = ZeroRule(1e-9, 0.01, torch.ones(len(x), dtype=torch.float64))
+        weights = {"equal": 1.0, "weighted": next_layer_weight(obs.next_layer, len(x), 0.01)}
+        for name, weight in weights.items():
+            rec = solve_inputs(columns, left, right, obs, rule, next_weight=weight).inputs
+            errors[name].append(((rec * x).sum(1) / x.square().sum(1) - 1).abs())
+    equal, weighted = (torch.cat(errors[k]).median() for k in ("equal", "weighted"))
+    assert weighted < equal, (float(weighted), float(equal))

@@ -96,7 +96,7 @@ def certified(state: SpearState) -> Reconstruction:
     status and reason the attack reports."""
     obs, rule, generator, clock = state.obs, state.rule, state.generator, state.clock
     harvest, fac, b, found = state.harvest, state.fac, state.batch_size, state.found
-    left, next_layer = fac.left, state.next_layer
+    left, next_weight = fac.left, state.next_weight
     columns, solution = state.columns, state.solution
     assert columns is not None and solution is not None  # select_and_solve ran
     coarse = coarse_certificate(state)
@@ -112,7 +112,7 @@ def certified(state: SpearState) -> Reconstruction:
         # only if every sample then agrees.
         with clock.stage("solve"):
             refitted = refit_to_inputs(columns, ~agree, solution.inputs, left, obs, rule)
-            resolved = solve_inputs(refitted, left, fac.right, obs, rule, next_layer)
+            resolved = solve_inputs(refitted, left, fac.right, obs, rule, next_weight)
         if bool(agreeing(resolved, refitted, left, obs, rule).all()):
             columns, solution, agree = refitted, resolved, torch.ones_like(agree)
     matched = not coarse or bool(agree.all())

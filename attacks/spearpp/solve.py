@@ -72,8 +72,10 @@ def next_layer_scales(
     mixed_inputs: torch.Tensor,
     scales: torch.Tensor,
     obs: LayerObservation,
+    weight: float,
 ) -> torch.Tensor:
-    """Refit the column scales d to the bias gradients of this layer and the next together.
+    """Refit the column scales d to the bias gradients of this layer and the next together,
+    the next layer's equations weighted by ``weight`` (see :mod:`attacks.spearpp.next_noise`).
 
     Sample i's input is x_i = r_i / d_i (r_i the i-th row of ``mixed_inputs``), so its hidden
     vector h_i = relu(W x_i + b) is known given d. The next layer's gradient is
@@ -89,7 +91,8 @@ def next_layer_scales(
     for _ in range(_SCALE_REFITS):
         hidden = torch.relu((mixed_inputs / scales[:, None]) @ obs.weight.T + obs.bias)
         per_scale = nxt.grad_weight @ torch.linalg.pinv(hidden) / scales  # k x B: w_i / d_i
-        scales = _usable(_lstsq(torch.cat([q_hat, per_scale]), torch.cat([target, nxt.grad_bias])))
+        system = torch.cat([q_hat, weight * per_scale])
+        scales = _usable(_lstsq(system, torch.cat([target, weight * nxt.grad_bias])))
     return scales
 
 
@@ -99,21 +102,21 @@ def solve_inputs(
     right: torch.Tensor,
     obs: LayerObservation,
     rule: ZeroRule,
-    next_layer: bool = False,
+    next_weight: float = 0.0,
 ) -> Solution:
     """Scale the unit ``columns`` (B x B, one per row) from the bias gradient and solve for X.
 
     dL/db = L Q 1, so with Q = Q_hat diag(d), L^T dL/db = Q_hat d fixes scale and sign of each
-    column at once (L has orthonormal columns). With ``next_layer`` (and ``obs.next_layer``
-    given) the scales are then refitted to the next layer's gradient as well
-    (:func:`next_layer_scales`).
+    column at once (L has orthonormal columns). With ``next_weight`` (and ``obs.next_layer``
+    given) the scales are then refitted to the next layer's gradient as well, its equations
+    weighted by it (:func:`next_layer_scales`).
     """
     q_hat = columns.T
     target = left.T @ obs.grad_bias
     mixed_inputs = torch.linalg.lstsq(q_hat, right).solution
     scales = _usable(_lstsq(q_hat, target))
-    if next_layer and obs.next_layer is not None:
-        scales = next_layer_scales(q_hat, target, mixed_inputs, scales, obs)
+    if next_weight and obs.next_layer is not None:
+        scales = next_layer_scales(q_hat, target, mixed_inputs, scales, obs, next_weight)
     inputs = mixed_inputs / scales[:, None]
     return Solution(inputs=inputs, matching=sparsity_matching(columns, inputs, left, obs, rule))
 

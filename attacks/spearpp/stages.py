@@ -26,6 +26,7 @@ from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.hidden import hidden_space
 from attacks.spearpp.inputs import LayerObservation
+from attacks.spearpp.next_noise import next_layer_weight
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.rounds import (
@@ -124,6 +125,10 @@ def prepared(
     harvester, and the time budget's clock, started now."""
     settings, null_step, next_layer = chosen
     b, left, noise_std = fac.batch_size, fac.left, fac.noise_std
+    next_weight = 0.0
+    if next_layer and obs.next_layer is not None:
+        next_weight = next_layer_weight(obs.next_layer, b, float(noise_std))
+        settings["next_layer_weight"] = next_weight
     rule = ZeroRule(
         relative=config.zero_tol or obs.precision,
         # A float32 gradient's round-off is noise to its weak samples' zeros (see
@@ -151,7 +156,7 @@ def prepared(
         fac=fac,
         settings=settings,
         null_step=null_step,
-        next_layer=next_layer,
+        next_weight=next_weight,
         rule=rule,
         pool=pool,
         harvest=harvest,
@@ -283,8 +288,10 @@ def _selected(state: SpearState) -> tuple[int, torch.Tensor, Solution]:
         else:
             columns = complete_basis(pool.columns[order], pool.spares(), b)
     with state.clock.stage("solve"):
-        if found <= b or state.next_layer:
-            solution = solve_inputs(columns, fac.left, fac.right, obs, state.rule, state.next_layer)
+        if found <= b or state.next_weight:
+            solution = solve_inputs(
+                columns, fac.left, fac.right, obs, state.rule, state.next_weight
+            )
     return found, columns, solution
 
 

@@ -39,8 +39,9 @@ class SpearState:
     settings: dict[str, Any]
     # Null steps' rule (SpearConfig.null_step with "auto" resolved).
     null_step: str
-    # Scales from this and the next layer's bias gradients (one-step noisy updates).
-    next_layer: bool
+    # The next layer's equations' weight in the scale fit (one-step noisy updates; 0: the
+    # scales come from this layer's bias gradient alone; see attacks.spearpp.next_noise).
+    next_weight: float
     rule: ZeroRule
     pool: ColumnPool
     harvest: Harvester
