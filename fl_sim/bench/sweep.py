@@ -80,35 +80,39 @@ def network_label(
 
 def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
     """Left: the limit B against m beside the paper's rows, one line per network (at
-    initialisation, trained); right: B/m against m, where the paper observes a slowly falling
-    ratio."""
-    fig = Figure(figsize=(11, 4.2))
+    initialisation, trained, converged, memorised, un-centred); right: B/m against m, where the
+    paper observes a slowly falling ratio. Each network's limits are written in its legend
+    entry: at m=200 five of them share a handful of pixels."""
+    fig = Figure(figsize=(11, 6))
     ax, ratio = fig.subplots(1, 2, gridspec_kw={"wspace": 0.3})
     widths: list[int] = []
     for k, (network, limits) in enumerate(series.items()):
         widths += list(limits)
         measured = sorted((m, b) for m, b in limits.items() if b)
+        none = sorted(m for m, b in limits.items() if not b)
+        figures = [f"m={m}: {b}" for m, b in measured] + [f"m={m}: none" for m in none]
+        label = f"{network} ({', '.join(figures)})"
         if not measured:
+            ax.plot([], [], " ", label=label)
             continue
         init = network == AT_INIT
         style = "o-" if init else ("s--", "^:", "d-.", "v--", "P:")[k % 5]
-        # Trained networks' markers are hollow and larger: they often sit on the init ones.
+        # Other networks' markers are hollow and larger: they often sit on the init ones.
         look = {} if init else {"mfc": "none", "ms": 10}
-        ax.plot(*zip(*measured, strict=True), style, label=f"{k}: fl-sim, {network}", **look)
-        ratio.plot(
-            [m for m, _ in measured], [b / m for m, b in measured], style, label=network, **look
-        )
-        for m, b in measured:
-            # Each other network's figure below the last one's, in its own series' order.
-            text, offset = (f"B={b}", (4, -12)) if init else (f"{k}: {b}", (8, -14 - 12 * k))
-            ax.annotate(text, (m, b), textcoords="offset points", xytext=offset, fontsize="small")
+        ax.plot(*zip(*measured, strict=True), style, label=label, **look)
+        ratio.plot([m for m, _ in measured], [b / m for m, b in measured], style, **look)
+        if init:
+            for m, b in measured:
+                ax.annotate(
+                    f"B={b}", (m, b), textcoords="offset points", xytext=(4, -12), fontsize="small"
+                )
     for b, m, share in PAPER_POINTS:
         ax.plot(m, b, "x", color="grey")
         ax.annotate(
             f"paper {share:.0%}", (m, b), textcoords="offset points", xytext=(-6, 4), ha="right"
         )
         ratio.plot(m, b / m, "x", color="grey")
-    ratio.plot([], [], "x", color="grey", label="paper's rows (B/m, any share exact)")
+    ax.plot([], [], "x", color="grey", label="the paper's rows (B, any share exact)")
     ax.set_xlabel("width m of the first layer")
     ax.set_ylabel("batch size B")
     ax.margins(y=0.15)
@@ -119,9 +123,8 @@ def _plot(series: dict[str, dict[int, int | None]], path: Path) -> None:
     ratio.set_ylim(bottom=0)
     for axis in (ax, ratio):
         axis.set_xlim(0, 1.1 * max([m for _, m, _ in PAPER_POINTS] + widths))
-    ratio.legend(loc="lower left", fontsize="small")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize="small")
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", fontsize="small", frameon=False)
+    fig.subplots_adjust(bottom=0.1 + 0.035 * (len(series) + 1))
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
