@@ -40,6 +40,17 @@ def _update(
     return x, affine, nxt, (x @ affine[:, :-1].T + affine[:, -1]) > 0
 
 
+def _spanned(
+    seed: int, shift: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-step update's inputs, first layer [W, b], activity patterns and the next layer's
+    row space (which one step always has)."""
+    x, affine, nxt, active = _update(seed, shift=shift)
+    space = hidden_space(nxt, x.shape[0])
+    assert space is not None
+    return x, affine, active, space
+
+
 def _coordinates(x: torch.Tensor, affine: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[A, b] in coordinates of the inputs' span (V: n x B) and the inputs' coordinates."""
     basis = torch.linalg.qr(x.T).Q
@@ -49,9 +60,7 @@ def _coordinates(x: torch.Tensor, affine: torch.Tensor) -> tuple[torch.Tensor, t
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("shift", [0.0, 1.0])
 def test_one_step_gives_every_sample_exactly(seed: int, shift: float) -> None:
-    x, affine, nxt, active = _update(seed, shift=shift)
-    space = hidden_space(nxt, x.shape[0])
-    assert space is not None
+    x, affine, active, space = _spanned(seed, shift)
     pre, truth = _coordinates(x, affine)
     coords, residual = hidden_inputs(pre, active, space)
     assert (residual < 1e-10).all()
@@ -61,9 +70,7 @@ def test_one_step_gives_every_sample_exactly(seed: int, shift: float) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_mixed_pattern_leaves_a_residual(seed: int) -> None:
     """A mix of two columns is zero where both samples are: the union of their patterns."""
-    x, affine, nxt, active = _update(seed)
-    space = hidden_space(nxt, x.shape[0])
-    assert space is not None
+    x, affine, active, space = _spanned(seed)
     pre, _ = _coordinates(x, affine)
     mixes = torch.stack([active[i] | active[i + 1] for i in range(x.shape[0] - 1)])
     _, residual = hidden_inputs(pre, mixes, space)
@@ -123,9 +130,7 @@ def _observation(x: torch.Tensor, affine: torch.Tensor) -> tuple[LayerObservatio
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_row_space_confirms_every_true_input(seed: int) -> None:
-    x, affine, nxt, _ = _update(seed)
-    space = hidden_space(nxt, x.shape[0])
-    assert space is not None
+    x, affine, _, space = _spanned(seed)
     obs, right = _observation(x, affine)
     found, held, confirmed = confirmed_inputs(x, right, obs, space)
     assert bool(held.all()) and bool(confirmed.all())
@@ -136,9 +141,7 @@ def test_the_row_space_confirms_every_true_input(seed: int) -> None:
 def test_a_blend_is_refused_and_a_nearly_right_input_corrected_but_not_confirmed(
     seed: int,
 ) -> None:
-    x, affine, nxt, _ = _update(seed)
-    space = hidden_space(nxt, x.shape[0])
-    assert space is not None
+    x, affine, _, space = _spanned(seed)
     obs, right = _observation(x, affine)
     given = x.clone()
     given[0] = 0.6 * x[0] + 0.4 * x[1]
