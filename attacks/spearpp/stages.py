@@ -212,7 +212,7 @@ def search_signs(state: SpearState) -> None:
     if few_missing(state.config, b, len(state.pool)):
         deflate(harvest, b, state.generator)
     log.info(
-        "SPEAR++ sign search: %d of %d columns verified in %d rounds (%.1f s)",
+        "SPEAR++ sign search: %d columns verified for %d samples in %d rounds (%.1f s)",
         len(state.pool),
         b,
         state.sign_rounds,
@@ -256,7 +256,7 @@ def search_passes(state: SpearState) -> None:
             if state.geom is not None:
                 complement_round(harvest, state.geom, generator, state.null_step)
         log.info(
-            "SPEAR++ pass %d/%d: %d of %d columns verified (%d starts, %.1f s)",
+            "SPEAR++ pass %d/%d: %d columns verified for %d samples (%d starts, %.1f s)",
             state.passes,
             config.max_passes,
             len(pool),
