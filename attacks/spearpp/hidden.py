@@ -141,9 +141,20 @@ def confirmed_inputs(
     coords, residual = hidden_inputs(affine, active, space)
     found = coords @ basis.T
     own = ((found @ obs.weight.T + obs.bias) > 0) == active
-    masked = active.to(affine.dtype)[:, :, None] * affine[:, :-1]
-    values = torch.linalg.svdvals(masked - space @ (space.T @ masked))
-    determined = values[:, -1] > DETERMINED * values[:, 0]
-    held = (residual < RESIDUAL) & own.all(dim=1) & determined
+    held = (residual < RESIDUAL) & own.all(dim=1) & _determined(affine[:, :-1], active, space)
     close = (found - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
     return found, held, held & close
+
+
+def _determined(pre: torch.Tensor, active: torch.Tensor, space: torch.Tensor) -> torch.Tensor:
+    """Per pattern, whether the fit's system (its rows of ``pre``, off ``space``) fixes the
+    input: its smallest singular value above :data:`DETERMINED` of its largest. In chunks, as
+    :func:`hidden_inputs`: all B systems at once are B x m x B (8 GB at B=512, m=4000)."""
+    m, width = pre.shape
+    chunk = max(1, GATHER_ELEMENTS // (m * width))
+    out = []
+    for part in active.split(chunk):
+        masked = part.to(pre.dtype)[:, :, None] * pre
+        values = torch.linalg.svdvals(masked - space @ (space.T @ masked))
+        out.append(values[:, -1] > DETERMINED * values[:, 0])
+    return torch.cat(out)
