@@ -10,7 +10,8 @@ import torch
 
 from attacks import SpearConfig, reconstruct
 from attacks.spearpp.hidden import RESIDUAL, confirmed_inputs, hidden_inputs, hidden_space
-from attacks.spearpp.inputs import LayerObservation, NextLayer
+from attacks.spearpp.inputs import NextLayer
+from attacks.spearpp.signs import SignGeometry
 from fl_sim.model import fc_relu_net
 
 
@@ -120,19 +121,20 @@ def test_the_engine_takes_the_next_layer_on_every_view(seed: int) -> None:
     assert float(error.max()) < 1e-8
 
 
-def _observation(x: torch.Tensor, affine: torch.Tensor) -> tuple[LayerObservation, torch.Tensor]:
-    """The first layer as sent (its gradients are not used here) and the inputs' span (B x n),
-    as the gradient's right factor gives it."""
-    weight, bias = affine[:, :-1], affine[:, -1]
-    obs = LayerObservation(torch.zeros_like(weight), torch.zeros_like(bias), weight, bias, 1e-16)
-    return obs, torch.linalg.qr(x.T).Q.T
+def _geometry(x: torch.Tensor, affine: torch.Tensor) -> tuple[SignGeometry, torch.Tensor]:
+    """The sign geometry of the first layer as sent over the inputs' span, and that span
+    (B x n, orthonormal rows), as the gradient's right factor gives it (the left factor is not
+    used here)."""
+    right = torch.linalg.qr(x.T).Q.T
+    left = torch.zeros(affine.shape[0], x.shape[0], dtype=x.dtype)
+    return SignGeometry.build(left, right, affine[:, :-1], affine[:, -1]), right
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_row_space_confirms_every_true_input(seed: int) -> None:
     x, affine, _, space = _spanned(seed)
-    obs, right = _observation(x, affine)
-    found, held, confirmed = confirmed_inputs(x, right, obs, space)
+    geom, right = _geometry(x, affine)
+    found, held, confirmed = confirmed_inputs(x, geom, right, space)
     assert bool(held.all()) and bool(confirmed.all())
     torch.testing.assert_close(found, x, rtol=1e-8, atol=1e-8)
 
@@ -142,15 +144,14 @@ def test_a_blend_is_refused_and_a_nearly_right_input_corrected_but_not_confirmed
     seed: int,
 ) -> None:
     x, affine, _, space = _spanned(seed)
-    obs, right = _observation(x, affine)
+    geom, right = _geometry(x, affine)
     given = x.clone()
     given[0] = 0.6 * x[0] + 0.4 * x[1]
     # Off by 1e-4 of its norm within the batch's span: the same active neurons, another input.
     given[2] = x[2] + 1e-4 * x[2].norm() * torch.nn.functional.normalize(x[3] - x[4], dim=0)
-    assert bool(
-        (((given[2] @ obs.weight.T + obs.bias) > 0) == ((x[2] @ obs.weight.T + obs.bias) > 0)).all()
-    )
-    found, held, confirmed = confirmed_inputs(given, right, obs, space)
+    weight, bias = affine[:, :-1], affine[:, -1]
+    assert bool((((given[2] @ weight.T + bias) > 0) == ((x[2] @ weight.T + bias) > 0)).all())
+    found, held, confirmed = confirmed_inputs(given, geom, right, space)
     assert not bool(held[0]) and not bool(confirmed[0])
     assert bool(held[2]) and not bool(confirmed[2])
     torch.testing.assert_close(found[2], x[2], rtol=1e-8, atol=1e-8)
@@ -162,8 +163,8 @@ def test_several_steps_confirm_nothing(seed: int) -> None:
     x, affine, nxt, _ = _update(seed, steps=3)
     space = hidden_space(nxt, x.shape[0])
     if space is not None:
-        obs, right = _observation(x, affine)
-        assert not bool(confirmed_inputs(x, right, obs, space)[2].any())
+        geom, right = _geometry(x, affine)
+        assert not bool(confirmed_inputs(x, geom, right, space)[2].any())
 
 
 def _weak_sample(seed: int, weak: float, b: int = 12) -> dict[str, torch.Tensor]:

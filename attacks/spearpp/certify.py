@@ -154,11 +154,12 @@ def certified(state: SpearState) -> Reconstruction:
     # sample were alone (binary one-hidden-layer nets: every row is w_j sum_S s_i x_i).
     mixed = found >= b and not consistent
     confirmed = 0
-    if certifying and not exact and not mixed and not coarse and state.hidden is not None:
+    geom, space = state.geom, state.hidden
+    if geom is not None and space is not None and certifying and not (exact or mixed or coarse):
         # The next layer's row space confirms each input apart from the other columns (see
         # confirmed_inputs): a missing or loosely pinned column no longer withholds the rest.
         with clock.stage("solve"):
-            from_space, held, agree_both = confirmed_inputs(inputs, fac.right, obs, state.hidden)
+            from_space, held, agree_both = confirmed_inputs(inputs, geom, fac.right, space)
         fresh = agree_both.to(certified.device) & ~certified
         replace = (held.to(certified.device) & ~certified).to(inputs.device)
         inputs = torch.where(replace[:, None], from_space, inputs)

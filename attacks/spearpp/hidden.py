@@ -17,10 +17,12 @@ multi-step update's hidden vectors move between steps and fit no B-dimensional s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
-from attacks.spearpp.inputs import LayerObservation, NextLayer
-from attacks.spearpp.signs import GATHER_ELEMENTS
+from attacks.spearpp.inputs import NextLayer
+from attacks.spearpp.signs import GATHER_ELEMENTS, SignGeometry
 
 # Gap between the B-th and (B + 1)-th singular values of G' that says its rank is B: below it
 # the hidden vectors do not span a B-dimensional space (a multi-step update, noise, or a next
@@ -40,6 +42,21 @@ DETERMINED = 1e-6
 AGREE = 1e-6
 
 
+def row_space_sketch(grad: torch.Tensor, rank: int, power_iterations: int) -> torch.Tensor:
+    """Orthonormal columns (n x (rank + 8)) spanning the top of ``grad``'s (k x n) row space:
+    the range of grad^T over random mixes of its rows (seeded, so the attack's own draws are
+    untouched), refined by ``power_iterations`` (noise fills the mixes' range otherwise)."""
+    width = min(rank + _OVERSAMPLE, *grad.shape)
+    generator = torch.Generator(grad.device).manual_seed(0)
+    mixes = torch.randn(
+        grad.shape[0], width, generator=generator, dtype=grad.dtype, device=grad.device
+    )
+    sketch: torch.Tensor = torch.linalg.qr(grad.T @ mixes).Q
+    for _ in range(power_iterations):
+        sketch = torch.linalg.qr(grad.T @ (grad @ sketch)).Q
+    return sketch
+
+
 def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
     """Orthonormal basis (m x B) of the row space of the next layer's weight gradient, or
     ``None`` where its rank is not ``batch_size`` (see :data:`RANK_GAP`).
@@ -52,12 +69,7 @@ def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
     grad = next_layer.grad_weight
     if grad.shape[0] < batch_size:
         return None
-    width = min(batch_size + _OVERSAMPLE, *grad.shape)
-    generator = torch.Generator(grad.device).manual_seed(0)
-    mixes = torch.randn(
-        grad.shape[0], width, generator=generator, dtype=grad.dtype, device=grad.device
-    )
-    sketch = torch.linalg.qr(grad.T @ mixes).Q  # m x width
+    sketch = row_space_sketch(grad, batch_size, power_iterations=0)
     _, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
     weakest = float(values[batch_size - 1])
     after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
@@ -87,23 +99,37 @@ def hidden_inputs(
         The coordinates p (c x B) minimising |(I - S S^T) D (A p + b)|, and that minimum
         relative to |D (A p + b)| (c).
     """
-    m, width = affine.shape
-    chunk = max(1, GATHER_ELEMENTS // (m * width))
     coords, residuals = [], []
-    for part in active.split(chunk):
-        masked = part.to(affine.dtype)[:, :, None] * affine  # c x m x (B + 1)
-        off = masked - space @ (space.T @ masked)
-        p = torch.linalg.lstsq(off[..., :-1], -off[..., -1:]).solution  # c x B x 1
-        full = torch.cat([p, torch.ones_like(p[:, :1])], dim=1)
-        size = (masked @ full).flatten(1).norm(dim=1).clamp_min(torch.finfo(p.dtype).tiny)
-        residual = (off @ full).flatten(1).norm(dim=1) / size
-        coords.append(p[..., 0])
+    for masked, off in _systems(affine, active, space):
+        p, residual = _fit(masked, off)
+        coords.append(p)
         residuals.append(residual)
     return torch.cat(coords), torch.cat(residuals)
 
 
+def _systems(
+    affine: torch.Tensor, active: torch.Tensor, space: torch.Tensor
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per chunk of patterns, D [A, b] (c x m x (B + 1)) and its part off ``space``: all B
+    at once are B x m x B (8 GB at B=512, m=4000)."""
+    m, width = affine.shape
+    chunk = max(1, GATHER_ELEMENTS // (m * width))
+    for part in active.split(chunk):
+        masked = part.to(affine.dtype)[:, :, None] * affine
+        yield masked, masked - space @ (space.T @ masked)
+
+
+def _fit(masked: torch.Tensor, off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coordinates (c x B) minimising |off [p; 1]| and that minimum relative to
+    |masked [p; 1]| (c)."""
+    p = torch.linalg.lstsq(off[..., :-1], -off[..., -1:]).solution  # c x B x 1
+    full = torch.cat([p, torch.ones_like(p[:, :1])], dim=1)
+    size = (masked @ full).flatten(1).norm(dim=1).clamp_min(torch.finfo(p.dtype).tiny)
+    return p[..., 0], (off @ full).flatten(1).norm(dim=1) / size
+
+
 def confirmed_inputs(
-    inputs: torch.Tensor, right: torch.Tensor, obs: LayerObservation, space: torch.Tensor
+    inputs: torch.Tensor, geom: SignGeometry, right: torch.Tensor, space: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each input as the row space gives it, whether that is a sample's, and whether it
     confirms ``inputs`` (float64, noiseless one-step updates).
@@ -122,10 +148,11 @@ def confirmed_inputs(
     ----------
     inputs
         The inputs from the columns (B x n).
+    geom
+        The sign search's geometry on every row, with the bias: [A, b] in the coordinates of
+        the batch's span.
     right
-        The gradient's right factor (B x n), whose rows span the batch's inputs.
-    obs
-        The layer observed.
+        The gradient's right factor (B x n), whose rows, normalised, are that span's basis.
     space
         The next layer's row space (m x B, :func:`hidden_space`).
 
@@ -135,26 +162,24 @@ def confirmed_inputs(
         The inputs from the row space (B x n), which of them are samples' (B), and which of
         those confirm ``inputs`` (B).
     """
-    basis = torch.linalg.qr(right.T).Q  # n x B: the inputs' span
-    affine = torch.cat([obs.weight @ basis, obs.bias[:, None]], dim=1)
-    active = (inputs @ obs.weight.T + obs.bias) > 0
-    coords, residual = hidden_inputs(affine, active, space)
-    found = coords @ basis.T
-    own = ((found @ obs.weight.T + obs.bias) > 0) == active
-    held = (residual < RESIDUAL) & own.all(dim=1) & _determined(affine[:, :-1], active, space)
-    close = (found - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
-    return found, held, held & close
+    basis = right / geom.singular[:, None]  # B x n, orthonormal rows
+    affine = geom.affine()
+    active = _pre_activations(affine, inputs @ basis.T) > 0
+    coords, residuals, determined = [], [], []
+    for masked, off in _systems(affine, active, space):
+        p, residual = _fit(masked, off)
+        values = torch.linalg.svdvals(off[..., :-1])
+        coords.append(p)
+        residuals.append(residual)
+        determined.append(values[:, -1] > DETERMINED * values[:, 0])
+    found = torch.cat(coords)
+    own = (_pre_activations(affine, found) > 0) == active
+    held = (torch.cat(residuals) < RESIDUAL) & own.all(dim=1) & torch.cat(determined)
+    from_space = found @ basis
+    close = (from_space - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
+    return from_space, held, held & close
 
 
-def _determined(pre: torch.Tensor, active: torch.Tensor, space: torch.Tensor) -> torch.Tensor:
-    """Per pattern, whether the fit's system (its rows of ``pre``, off ``space``) fixes the
-    input: its smallest singular value above :data:`DETERMINED` of its largest. In chunks, as
-    :func:`hidden_inputs`: all B systems at once are B x m x B (8 GB at B=512, m=4000)."""
-    m, width = pre.shape
-    chunk = max(1, GATHER_ELEMENTS // (m * width))
-    out = []
-    for part in active.split(chunk):
-        masked = part.to(pre.dtype)[:, :, None] * pre
-        values = torch.linalg.svdvals(masked - space @ (space.T @ masked))
-        out.append(values[:, -1] > DETERMINED * values[:, 0])
-    return torch.cat(out)
+def _pre_activations(affine: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    """A p + b (c x m) of coordinates p (c x B)."""
+    return coords @ affine[:, :-1].T + affine[:, -1]

@@ -16,10 +16,9 @@ import math
 
 import torch
 
+from attacks.spearpp.hidden import row_space_sketch
 from attacks.spearpp.inputs import NextLayer
 
-# Random mixes beyond B that sketch the next layer's signal.
-_OVERSAMPLE = 8
 # Power iterations of the sketch: noise fills the mixes' range otherwise.
 _POWER_ITERATIONS = 2
 
@@ -28,19 +27,15 @@ def next_layer_noise(next_layer: NextLayer, batch_size: int) -> float:
     """Per-entry noise std of the next layer's weight gradient off its rank-B part.
 
     The gradient's energy outside its top B directions, over the (k - B)(m - B) entries it
-    spreads over (k x m the gradient's shape); the directions sketched from B + 8 random mixes
-    refined by power iterations (a full SVD at m=4000 costs tens of seconds). 0 where the
-    gradient has no more than B dimensions either way.
+    spreads over (k x m the gradient's shape), the directions sketched
+    (:func:`attacks.spearpp.hidden.row_space_sketch`; a full SVD at m=4000 costs tens of
+    seconds). 0 where the gradient has no more than B dimensions either way.
     """
     grad = next_layer.grad_weight
     rows, cols = grad.shape
     if min(rows, cols) <= batch_size:
         return 0.0
-    width = min(batch_size + _OVERSAMPLE, rows, cols)
-    generator = torch.Generator(grad.device).manual_seed(0)
-    sketch = torch.randn(cols, width, generator=generator, dtype=grad.dtype, device=grad.device)
-    for _ in range(_POWER_ITERATIONS + 1):
-        sketch = torch.linalg.qr(grad.T @ (grad @ sketch)).Q
+    sketch = row_space_sketch(grad, batch_size, _POWER_ITERATIONS)
     right = torch.linalg.svd(grad @ sketch, full_matrices=False)[2][:batch_size]
     top = sketch @ right.T  # cols x B: the top B directions
     # The residual itself, not the energies' difference, which cancels to float64's
