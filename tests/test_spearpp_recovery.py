@@ -9,7 +9,7 @@ import torch
 
 from attacks import SpearConfig, reconstruct
 from fl_sim.audit.metrics import NEAR_EXACT_DB, match_and_score
-from fl_sim.bench.attack import client_update
+from fl_sim.bench.attack import client_update, run_case
 from fl_sim.bench.cases import PAPER, AttackCase
 from fl_sim.bench.pretrain import Pretraining
 from fl_sim.data.normalize import Normalization
@@ -216,3 +216,15 @@ def test_the_search_rows_follow_how_faint_the_noise_is(over_edge: float, faint: 
         noise_std=std,
     )
     assert faint_noise(fac) is faint
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pixels_whose_samples_leave_few_neurons_inactive(seed: int) -> None:
+    """[0, 1] pixels as ``ToTensor()`` gives them, B=20, m=200, the project's depth-6 network:
+    57 of the 155 live neurons fire for every sample of seed 1's batch, and its samples leave
+    only 45 to 58 inactive, fewer than the default null step's 60 rows, so no true column was
+    a fixed point there and the search stopped at 4 of 20 columns."""
+    case = AttackCase("uncentred", 20, 200, centred=False)
+    row = run_case(case, seed, real_images(), Normalization(), torch.float64)
+    assert row["attack"]["status"] == "exact", row["attack"]["reason"]
+    assert row["share_exact"] == 1.0 and row["certified_not_exact"] == 0

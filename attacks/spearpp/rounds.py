@@ -18,6 +18,7 @@ from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.found_inputs import FoundInputs
 from attacks.spearpp.harvest import Harvester
 from attacks.spearpp.pool import ColumnPool
+from attacks.spearpp.refine import pin_rows
 from attacks.spearpp.search import random_starts
 from attacks.spearpp.signs import (
     FREE_ITERATIONS,
@@ -59,6 +60,23 @@ _FAINT_NOISE = 1000.0
 def _sparse_layer(pool: ColumnPool, m: int) -> bool:
     """Whether the columns found so far are mostly zeros (see ``sign_search``'s ``whole``)."""
     return bool(len(pool)) and float(pool.zeros.double().median()) > _SPARSE_LAYER * m
+
+
+def few_zero_rows(m: int, b: int) -> int:
+    """Rows per null step for columns with fewer zeros than the default takes: half of it, at
+    least the rows that pin a column.
+
+    A true column is a fixed point of the sign search only if the rows its fitted pattern
+    rates most inactive are all zeros of it. The default (3 per column, or a fifth of the rows)
+    suits samples that leave about half the neurons inactive. Where inputs share a dominant
+    component ([0, 1] pixels) some neurons are silent for the whole batch and about as many
+    fire for all of it (B=20, m=200: 45 silent, 57 of the 155 live ones always firing): the
+    samples' zeros on the live rows (45 to 58) fall below the default's 60 rows, and no column
+    was reachable (seed 1: 4 of 20 columns, all found on every row). Large batches of centred
+    samples need the default: at B=150, m=1000, 300 rows found 1 column set of 3 seeds, 450
+    rows 2 (60 s each), so it is used on the live rows only.
+    """
+    return min(null_step_rows(m, b), max(pin_rows(b), null_step_rows(m, b) // 2))
 
 
 def few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
@@ -190,12 +208,14 @@ def sign_rounds(
     null_step: str,
     patience: int | None = None,
     hidden: torch.Tensor | None = None,
+    few_zeros: bool = False,
 ) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
     rounds that find nothing, by default the config's), or time is up; the number of rounds
     run and of starts they used. ``hidden``, the next layer's row space on the geometry's rows
     (see :mod:`attacks.spearpp.hidden`), gives the found samples' input coordinates where it
-    holds their hidden vectors."""
+    holds their hidden vectors. With ``few_zeros`` the null steps start on
+    :func:`few_zero_rows` rows and every idle round switches between them and the default."""
     pool, config = harvest.pool, harvest.config
     found_inputs = FoundInputs(harvest, geom, hidden, batch_size)
     idle = rounds = starts_run = 0
@@ -205,6 +225,10 @@ def sign_rounds(
     # of search per round, 580 to 596 candidates and none new, 4 times with 1 to 5 found).
     fruitless = math.inf
     patience = config.sign_patience if patience is None else patience
+    # Rows per null step: the default, or with few_zeros first the fewer of few_zero_rows,
+    # switched after every idle round and kept while it finds columns.
+    rows_options = (few_zero_rows(*geom.left.shape), None) if few_zeros else (None, None)
+    shrunk = 0
     while len(pool) < batch_size and idle < patience and not out_of_time():
         with harvest.clock.stage("search"):
             found_inputs.update()
@@ -230,7 +254,7 @@ def sign_rounds(
                 config,
                 found,
                 null_step,
-                None,
+                rows_options[shrunk],
                 engine_rows,
                 out_of_time,
                 whole=_sparse_layer(pool, harvest.left.shape[0]),
@@ -275,6 +299,7 @@ def sign_rounds(
             fruitless = math.inf if more else missing
             grew += more
         idle = 0 if grew else idle + 1
+        shrunk = shrunk if grew else 1 - shrunk
         rounds += 1
         starts_run += int(points.shape[0])  # one point per start, the last columns' included
         log.debug("sign round %d: %d of %d columns", rounds, len(pool), batch_size)

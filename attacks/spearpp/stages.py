@@ -201,9 +201,10 @@ def search_signs(state: SpearState) -> None:
     for index, (view, hidden) in enumerate(views):
         # Every row is a first try: where it stalls, a few idle rounds say so.
         patience = FIRST_PATIENCE if len(views) > 1 and index == 0 else None
+        # Silent neurons mark inputs that share a dominant component: see few_zero_rows.
         rounds, starts = sign_rounds(
             harvest, view, b, state.generator, state.out_of_time, state.null_step, patience,
-            hidden,
+            hidden, few_zeros=len(views) > 1,
         )  # fmt: skip
         state.sign_rounds += rounds
         state.sign_starts += starts
