@@ -11,7 +11,7 @@ import torch
 
 from attacks import SpearConfig, reconstruct
 from attacks.spearpp.rounds import few_zero_rows
-from attacks.spearpp.signs import sign_search
+from attacks.spearpp.signs import null_step_rows, sign_search
 from tests.helpers import best_match_error, observation, sign_geometry
 
 SHARE = 0.1
@@ -68,9 +68,10 @@ def test_the_budget_stops_a_round_between_chunks(monkeypatch: pytest.MonkeyPatch
     # The clock runs out once the first chunk is searched.
     monkeypatch.setattr(rounds, "sign_search", counted)
     monkeypatch.setattr(stages, "budget_clock", lambda kind: lambda: 1.0 if chunks else 0.0)
-    # The first round's null steps use few_zero_rows(600, 32) rows (the layer has silent
-    # neurons): chunks of 2 starts.
-    rows = few_zero_rows(600, 32)
+    # The first round's null steps use few_zero_rows' rows where it gives any (the layer has
+    # silent neurons), else the default: chunks of 2 starts.
+    silent = int((~view["grad_weight"].any(dim=1) & (view["grad_bias"] == 0)).sum())
+    rows = few_zero_rows(600 - silent, 32, silent) or null_step_rows(600, 32)
     config = SpearConfig(sign_starts=8, max_elements=2 * rows * 32, time_budget_s=0.5)
     rec = reconstruct(**view, config=config)
     assert chunks == [2]

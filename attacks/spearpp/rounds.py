@@ -18,7 +18,6 @@ from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.found_inputs import FoundInputs
 from attacks.spearpp.harvest import Harvester
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import pin_rows
 from attacks.spearpp.search import random_starts
 from attacks.spearpp.signs import (
     FREE_ITERATIONS,
@@ -52,6 +51,9 @@ _LAST_SPREADS = (0.2, 0.4, 0.6)
 _CHUNK_WORK = 5e10
 # Share of the columns missing at a fruitless complement round that must remain for another.
 _COMPLEMENT_RETRY = 0.75
+# Share of a sample's estimated zeros that the null steps take where the default takes more
+# rows than it has (see few_zero_rows).
+_FEW_ZEROS_SHARE = 0.6
 # Noise whose edge lies this far below the weakest sample's singular value does not steer the
 # sign search (see faint_noise).
 _FAINT_NOISE = 1000.0
@@ -62,21 +64,30 @@ def _sparse_layer(pool: ColumnPool, m: int) -> bool:
     return bool(len(pool)) and float(pool.zeros.double().median()) > _SPARSE_LAYER * m
 
 
-def few_zero_rows(m: int, b: int) -> int:
-    """Rows per null step for columns with fewer zeros than the default takes: half of it, at
-    least the rows that pin a column.
+def few_zero_rows(live: int, b: int, silent: int) -> int | None:
+    """Rows per null step for a layer of ``live`` neurons some sample fired and ``silent`` that
+    none did, where the default takes more rows than a sample leaves inactive among the live
+    ones: ``_FEW_ZEROS_SHARE`` of them, at least B - 1 (a null direction); ``None`` where the
+    default fits.
 
     A true column is a fixed point of the sign search only if the rows its fitted pattern
-    rates most inactive are all zeros of it. The default (3 per column, or a fifth of the rows)
-    suits samples that leave about half the neurons inactive. Where inputs share a dominant
-    component ([0, 1] pixels) some neurons are silent for the whole batch and about as many
-    fire for all of it (B=20, m=200: 45 silent, 57 of the 155 live ones always firing): the
-    samples' zeros on the live rows (45 to 58) fall below the default's 60 rows, and no column
-    was reachable (seed 1: 4 of 20 columns, all found on every row). Large batches of centred
-    samples need the default: at B=150, m=1000, 300 rows found 1 column set of 3 seeds, 450
-    rows 2 (60 s each), so it is used on the live rows only.
+    rates most inactive are all zeros of it. Silent neurons mark inputs that share a dominant
+    component ([0, 1] pixels), which about as many neurons meet by firing for every sample;
+    the rest fire for about half the samples, so a sample leaves about (live - silent) / 2 live
+    neurons inactive (m=200, B=20: 45 silent, 57 of the 155 live ones always firing, 45 to 58
+    zeros a sample, 55 estimated; B=30: 52 to 68, 57 estimated; m=1000, B=150: 395 to 448,
+    429 estimated). The default's 60 rows left no true column of that B=20 batch reachable
+    (seed 1: 4 of 20 columns); the B=30 batch (seed 2) came back whole on 30 or 34 rows, on
+    none of 40, 45 or 50. Where the default fits it is kept: large batches need many rows
+    (centred, B=150, m=1000: 300 rows found all columns on 1 seed of 3, 450 rows on 2; [0, 1]
+    pixels, B=125, m=1000, seed 1: 375 rows against 406 zeros estimated, 372 to 427 true;
+    half the default found 50 of 125 columns in 190 s where the default found all).
     """
-    return min(null_step_rows(m, b), max(pin_rows(b), null_step_rows(m, b) // 2))
+    default = null_step_rows(live, b)
+    zeros = (live - silent) / 2
+    if default <= zeros:
+        return None
+    return min(default, max(b - 1, int(_FEW_ZEROS_SHARE * zeros)))
 
 
 def few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
@@ -208,14 +219,15 @@ def sign_rounds(
     null_step: str,
     patience: int | None = None,
     hidden: torch.Tensor | None = None,
-    few_zeros: bool = False,
+    few_rows: int | None = None,
 ) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
     rounds that find nothing, by default the config's), or time is up; the number of rounds
     run and of starts they used. ``hidden``, the next layer's row space on the geometry's rows
     (see :mod:`attacks.spearpp.hidden`), gives the found samples' input coordinates where it
-    holds their hidden vectors. With ``few_zeros`` the null steps start on
-    :func:`few_zero_rows` rows and every idle round switches between them and the default."""
+    holds their hidden vectors. With ``few_rows`` (see :func:`few_zero_rows`)
+    the null steps start on that many rows, and every idle round switches between them and the
+    default."""
     pool, config = harvest.pool, harvest.config
     found_inputs = FoundInputs(harvest, geom, hidden, batch_size)
     idle = rounds = starts_run = 0
@@ -225,9 +237,9 @@ def sign_rounds(
     # of search per round, 580 to 596 candidates and none new, 4 times with 1 to 5 found).
     fruitless = math.inf
     patience = config.sign_patience if patience is None else patience
-    # Rows per null step: the default, or with few_zeros first the fewer of few_zero_rows,
-    # switched after every idle round and kept while it finds columns.
-    rows_options = (few_zero_rows(*geom.left.shape), None) if few_zeros else (None, None)
+    # Rows per null step: the default, or first the fewer of few_zero_rows, switched after
+    # every idle round and kept while it finds columns.
+    rows_options = (few_rows, None)
     shrunk = 0
     while len(pool) < batch_size and idle < patience and not out_of_time():
         with harvest.clock.stage("search"):

@@ -35,6 +35,7 @@ from attacks.spearpp.rounds import (
     deflate,
     faint_noise,
     few_missing,
+    few_zero_rows,
     sign_rounds,
 )
 from attacks.spearpp.search import random_starts, run_search
@@ -177,6 +178,8 @@ def search_signs(state: SpearState) -> None:
         if bias is not None and obs.next_layer is not None:
             state.hidden = hidden_space(obs.next_layer, b)
         live = ~obs.silent
+        silent = int((~live).sum())
+        few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
         views = [(geom, state.hidden)]
         if not bool(live.all()):
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows
@@ -204,7 +207,7 @@ def search_signs(state: SpearState) -> None:
         # Silent neurons mark inputs that share a dominant component: see few_zero_rows.
         rounds, starts = sign_rounds(
             harvest, view, b, state.generator, state.out_of_time, state.null_step, patience,
-            hidden, few_zeros=len(views) > 1,
+            hidden, few_rows,
         )  # fmt: skip
         state.sign_rounds += rounds
         state.sign_starts += starts
