@@ -40,20 +40,12 @@ def batch(b: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def observation(
-    b: int,
-    width: int,
-    seed: int,
-    depth: int = 6,
-    fire_share: float | None = None,
-    centred: bool = True,
+    b: int, width: int, seed: int, depth: int = 6, fire_share: float | None = None
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """A float64 FedSGD observation of the first layer, the true inputs (normalised, or the
-    [0, 1] pixels where not ``centred``) and the true per-sample output gradients (B x m). With
-    ``fire_share`` the first layer's biases are those of the ``sparsify`` server: each neuron
-    fires for that share of 200 other images."""
-    pixels, x, y = batch(b, seed)
-    if not centred:
-        x = pixels.flatten(1)
+    """A float64 FedSGD observation of the first layer, the true normalised inputs and
+    the true per-sample output gradients (B x m). With ``fire_share`` the first layer's biases
+    are those of the ``sparsify`` server: each neuron fires for that share of 200 other images."""
+    _, x, y = batch(b, seed)
     torch.manual_seed(seed)
     net = fc_relu_net(width, depth).double()
     _, layer = first_linear(net)
@@ -85,16 +77,11 @@ def best_match_error(rec: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def sign_geometry(
-    b: int,
-    width: int,
-    seed: int,
-    depth: int = 6,
-    fire_share: float | None = None,
-    centred: bool = True,
+    b: int, width: int, seed: int, depth: int = 6, fire_share: float | None = None
 ) -> tuple[SignGeometry, torch.Tensor, torch.Tensor]:
     """The sign search's geometry of a FedSGD batch, its true columns of Q (search
     coordinates: L q_i = the sample's output gradient) and the samples' output gradients."""
-    view, _x, out_grads = observation(b, width, seed, depth, fire_share, centred)
+    view, _x, out_grads = observation(b, width, seed, depth, fire_share)
     fac = factorise(
         view["grad_weight"],
         batch_size=None,
