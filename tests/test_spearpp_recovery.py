@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from attacks import SpearConfig, reconstruct
 from fl_sim.audit.metrics import NEAR_EXACT_DB, match_and_score
-from fl_sim.bench.attack import client_update, run_case
+from fl_sim.bench.attack import client_update
 from fl_sim.bench.cases import PAPER, AttackCase
 from fl_sim.bench.pretrain import Pretraining
-from fl_sim.data.breast_cancer import load_breast_cancer_records
 from fl_sim.data.normalize import Normalization
-from fl_sim.model import fc_relu_net
 from tests.helpers import best_match_error, observation, real_images
 
 FAST = SpearConfig(starts=500, steps=600)
@@ -219,38 +216,3 @@ def test_the_search_rows_follow_how_faint_the_noise_is(over_edge: float, faint: 
         noise_std=std,
     )
     assert faint_noise(fac) is faint
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pixels_whose_samples_leave_few_neurons_inactive(seed: int) -> None:
-    """[0, 1] pixels as ``ToTensor()`` gives them, B=20, m=200, the project's depth-6 network:
-    57 of the 155 live neurons fire for every sample of seed 1's batch, and its samples leave
-    only 45 to 58 inactive, fewer than the default null step's 60 rows, so no true column was
-    a fixed point there and the search stopped at 4 of 20 columns."""
-    case = AttackCase("uncentred", 20, 200, centred=False)
-    row = run_case(case, seed, real_images(), Normalization(), torch.float64)
-    assert row["attack"]["status"] == "exact", row["attack"]["reason"]
-    assert row["share_exact"] == 1.0 and row["certified_not_exact"] == 0
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_min_max_records_whose_samples_leave_few_neurons_inactive(seed: int) -> None:
-    """Tabular records min-max scaled to [0, 1] (scikit-learn's breast-cancer set, 30
-    features), B=20, m=256, depth 6: 68 to 73 silent neurons. Seed 0 stopped at 4 of 20
-    columns on the default null-step rows."""
-    records = load_breast_cancer_records()
-    low, high = np.asarray(records.low), np.asarray(records.high)
-    idx = np.random.default_rng(seed).choice(len(records.labels), 20, replace=False)
-    x = torch.from_numpy((records.records[idx] - low) / (high - low))
-    torch.manual_seed(seed)
-    net = fc_relu_net(256, 6, input_dim=30, num_classes=2).double()
-    torch.nn.functional.cross_entropy(net(x), torch.from_numpy(records.labels[idx])).backward()
-    first, second = net[1], net[3]
-    assert first.weight.grad is not None and first.bias.grad is not None
-    assert second.weight.grad is not None and second.bias.grad is not None
-    rec = reconstruct(
-        first.weight.grad, first.bias.grad, first.weight.detach(), first.bias.detach(),
-        next_layer=(second.weight.grad, second.bias.grad), config=SpearConfig(seed=seed),
-    )  # fmt: skip
-    assert rec.status == "exact" and bool(rec.certified.all()), rec.reason
-    assert float(best_match_error(rec.inputs, x).max()) < 1e-8

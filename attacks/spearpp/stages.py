@@ -180,6 +180,7 @@ def search_signs(state: SpearState) -> None:
         live = ~obs.silent
         silent = int((~live).sum())
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
+        state.settings["few_zero_rows"] = few_rows
         views = [(geom, state.hidden)]
         if not bool(live.all()):
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows
