@@ -182,7 +182,7 @@ def search_signs(state: SpearState) -> None:
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
         state.settings["few_zero_rows"] = few_rows
         views = [(geom, state.hidden)]
-        if not bool(live.all()):
+        if silent:
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows
             # vanish in every direction, yet they are the deepest rows of every sample's
             # pattern, so the null steps take them and pin nothing ([0, 1] pixels, B=20,
