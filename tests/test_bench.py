@@ -13,7 +13,7 @@ from attacks import SpearConfig
 from clients import training_settings
 from fl_sim.audit.metrics import NEAR_EXACT_DB, psnr
 from fl_sim.bench.attack import client_update, near_exact_at_true_scale, run_bench, scale_bound
-from fl_sim.bench.cases import UNIT, AttackCase
+from fl_sim.bench.cases import AttackCase
 from fl_sim.cli import main
 from fl_sim.data.normalize import Normalization
 from tests.helpers import real_images
@@ -230,7 +230,7 @@ def test_an_uncentred_case_feeds_pixels_on_the_unit_range(tmp_path: Path) -> Non
     case = AttackCase(
         "tiny [0, 1]", 4, 60, depth=3, centred=False, attack=SpearConfig(starts=200, steps=200)
     )
-    assert case.normalization(Normalization()) == UNIT
+    assert case.normalization(Normalization()) == Normalization((0.0,) * 3, (1.0,) * 3)
     view, images, _ = client_update(case, 0, real_images(), Normalization(), torch.float64)
     # The inputs as the model took them are the pixels themselves: dW^T's row space holds them.
     x = images.flatten(1)

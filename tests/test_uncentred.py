@@ -6,7 +6,6 @@ float64 and float32 clients, over several seeds."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -18,10 +17,8 @@ from fl_sim.audit.metrics import EXACT_DB, judge_certificates, match_and_score
 from fl_sim.bench.attack import run_case
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.certificates import attack_one, grid
-from fl_sim.data.breast_cancer import load_breast_cancer_records
 from fl_sim.data.normalize import Normalization
-from fl_sim.model import fc_relu_net
-from tests.helpers import batch, best_match_error, real_images
+from tests.helpers import batch, real_images
 
 
 def _plain_mlp(width: int) -> nn.Sequential:
@@ -90,29 +87,6 @@ def test_pixels_whose_samples_leave_few_neurons_inactive(seed: int) -> None:
         assert row["attack"]["settings"]["few_zero_rows"] is not None
     assert row["attack"]["status"] == "exact", row["attack"]["reason"]
     assert row["share_exact"] == 1.0 and row["certified_not_exact"] == 0
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_min_max_records_whose_samples_leave_few_neurons_inactive(seed: int) -> None:
-    """Tabular records min-max scaled to [0, 1] (scikit-learn's breast-cancer set, 30
-    features), B=20, m=256, depth 6: 68 to 73 silent neurons. Seed 0 stopped at 4 of 20
-    columns on the default null-step rows."""
-    records = load_breast_cancer_records()
-    low, high = np.asarray(records.low), np.asarray(records.high)
-    idx = np.random.default_rng(seed).choice(len(records.labels), 20, replace=False)
-    x = torch.from_numpy((records.records[idx] - low) / (high - low))
-    torch.manual_seed(seed)
-    net = fc_relu_net(256, 6, input_dim=30, num_classes=2).double()
-    torch.nn.functional.cross_entropy(net(x), torch.from_numpy(records.labels[idx])).backward()
-    first, second = net[1], net[3]
-    assert first.weight.grad is not None and first.bias.grad is not None
-    assert second.weight.grad is not None and second.bias.grad is not None
-    rec = reconstruct(
-        first.weight.grad, first.bias.grad, first.weight.detach(), first.bias.detach(),
-        next_layer=(second.weight.grad, second.bias.grad), config=SpearConfig(seed=seed),
-    )  # fmt: skip
-    assert rec.status == "exact" and bool(rec.certified.all()), rec.reason
-    assert float(best_match_error(rec.inputs, x).max()) < 1e-8
 
 
 def test_the_default_rows_are_kept_where_they_fit_a_samples_zeros() -> None:

@@ -18,14 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from attacks import reconstruct
+from attacks import AttackInputError, Reconstruction, reconstruct
 from clients import train_locally
 from fl_sim.audit.metrics import NEAR_EXACT_DB, judge_certificates, match_and_score, psnr
+from fl_sim.bench.attack_table import aggregate, markdown
 from fl_sim.bench.cases import AttackCase
-from fl_sim.bench.converge import TARGET_ACCURACY, TrainedNetwork
-from fl_sim.bench.machine import hardware, measured_on
+from fl_sim.bench.converge import TrainedNetwork
+from fl_sim.bench.machine import hardware
 from fl_sim.data.cifar10 import ImageSet
-from fl_sim.data.normalize import Normalization
+from fl_sim.data.normalize import Normalization, per_entry, to_unit
 from fl_sim.model import fc_relu_net, first_linear, next_linear
 from strategies import update_as_gradient
 
@@ -35,33 +36,37 @@ log = logging.getLogger(__name__)
 def client_update(
     case: AttackCase,
     seed: int,
-    data: ImageSet,
+    data: ImageSet | None,
     norm: Normalization,
     dtype: torch.dtype,
     network: TrainedNetwork | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float]:
     """One client's first-layer observation for ``case`` and ``seed``, and the true batch
-    (from ``data``; the network's weights from ``network`` when given, trained elsewhere).
+    (from ``data``, or the case's tabular set; the network's weights from ``network`` when
+    given, trained elsewhere).
 
     Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and for a
     one-step update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
-    in the form ``case.arrays`` asks for, the true images on [0, 1] (B x 3 x 32 x 32) and the
-    per-entry noise std of the gradient-equivalent.
+    in the form ``case.arrays`` asks for, the true samples on their [0, 1] scale (B x sample
+    shape: 3 x 32 x 32 for images) and the per-entry noise std of the gradient-equivalent.
     """
     norm = case.normalization(norm)
+    records = case.samples(data)
     rng = np.random.default_rng(seed)
-    idx = rng.choice(len(data.labels), case.batch_size, replace=False)
-    images = torch.from_numpy(data.images[idx]).permute(0, 3, 1, 2).to(dtype) / 255
-    labels = torch.from_numpy(data.labels[idx])
+    idx = rng.choice(len(records.labels), case.batch_size, replace=False)
+    images = to_unit(records.records[idx], records.low, records.high, dtype)
+    labels = torch.from_numpy(records.labels[idx])
     torch.manual_seed(seed)
-    model = fc_relu_net(case.width, case.depth)
+    model = fc_relu_net(
+        case.width, case.depth, input_dim=images[0].numel(), num_classes=records.num_classes
+    )
     if network is not None:
         model.load_state_dict(network.state)
     model = model.to(dtype)
     if case.pretrain.steps:
-        everything = torch.from_numpy(data.images).permute(0, 3, 1, 2).to(dtype) / 255
+        everything = to_unit(records.records, records.low, records.high, dtype)
         case.pretrain.apply(
-            model, norm.apply(everything), torch.from_numpy(data.labels).long(), idx, seed
+            model, norm.apply(everything), torch.from_numpy(records.labels).long(), idx, seed
         )
     _, layer = first_linear(model)
     found = next_linear(model)
@@ -99,6 +104,8 @@ def near_exact_at_true_scale(
     A judge's diagnostic: the engine fixes each sample's scale from the bias gradients, so
     under noise this tells a wrong scale from wrong pixels.
     """
+    if not len(inputs):
+        return 0.0
     truth = norm.apply(images).flatten(1)
     ok = torch.from_numpy(match >= 0)
     rec = inputs[torch.from_numpy(match.clip(min=0))].flatten(1)
@@ -122,10 +129,25 @@ def scale_bound(
     inputs = norm.apply(images).flatten(1).to(grad_weight.dtype)
     columns = grad_weight @ torch.linalg.pinv(inputs)
     std = noise_std * torch.linalg.inv(columns.T @ columns).diagonal().sqrt()
-    mean = torch.tensor(norm.mean, dtype=images.dtype).reshape(1, -1, 1, 1)
+    mean = per_entry(norm.mean, images, norm.ndim)
     spread = (images - mean).flatten(1).square().mean(1).sqrt().to(std.dtype)
     tolerance = 10 ** (-NEAR_EXACT_DB / 20) / spread
     return float(torch.special.erf(tolerance / (math.sqrt(2) * std)).mean())
+
+
+def refused(err: AttackInputError, input_dim: int) -> Reconstruction:
+    """What a refused attack holds: nothing (a result, as the audit records it: a float32
+    update's round-off can fill the rank of a gradient on few features)."""
+    return Reconstruction(
+        inputs=torch.zeros(0, input_dim, dtype=torch.float64),
+        batch_size=getattr(err, "batch_size_estimated", 0),
+        batch_size_method="refused",
+        status="failed",
+        confidence=torch.zeros(0, dtype=torch.float64),
+        verified=torch.zeros(0, dtype=torch.bool),
+        certified=torch.zeros(0, dtype=torch.bool),
+        reason=f"refused: {err}",
+    )
 
 
 def svd_seconds(grad_weight: Any) -> float:
@@ -140,7 +162,7 @@ def svd_seconds(grad_weight: Any) -> float:
 def run_case(
     case: AttackCase,
     seed: int,
-    data: ImageSet,
+    data: ImageSet | None,
     norm: Normalization,
     dtype: torch.dtype,
     svd_reference: bool = False,
@@ -153,9 +175,10 @@ def run_case(
     dtype = getattr(torch, case.dtype) if case.dtype else dtype
     network, converged = None, None
     if case.converged is not None:
-        if train is None:
+        if train is None or data is None:
             raise ValueError(
-                f"case {case.name!r} trains its network on a training split: pass train"
+                f"case {case.name!r} trains its network on a training split and tests it on "
+                "the bench's images: pass both"
             )
         network = case.converged.network(
             case.width, case.depth, seed, train, data, case.normalization(norm)
@@ -173,20 +196,23 @@ def run_case(
     # float64 arrays: as numpy code hands them over (the attack sees no tensor dtype).
     arrays = {k: v.numpy() if case.arrays != "tensors" else v for k, v in view.items()}
     start = time.perf_counter()
-    rec = reconstruct(
-        arrays["grad_weight"],
-        arrays["grad_bias"],
-        arrays["weight"],
-        arrays["bias"],
-        batch_size=case.batch_size if case.knows_batch_size else None,
-        noise_std=noise_std if (case.knows_noise and noise_std) else None,
-        next_layer=(arrays["next_grad_weight"], arrays["next_grad_bias"])
-        if "next_grad_weight" in arrays
-        else None,
-        config=case.attack.replace(seed=seed),
-    )
+    try:
+        rec = reconstruct(
+            arrays["grad_weight"],
+            arrays["grad_bias"],
+            arrays["weight"],
+            arrays["bias"],
+            batch_size=case.batch_size if case.knows_batch_size else None,
+            noise_std=noise_std if (case.knows_noise and noise_std) else None,
+            next_layer=(arrays["next_grad_weight"], arrays["next_grad_bias"])
+            if "next_grad_weight" in arrays
+            else None,
+            config=case.attack.replace(seed=seed),
+        )
+    except AttackInputError as err:
+        rec = refused(err, images[0].numel())
     seconds = time.perf_counter() - start
-    pixels = norm.undo(rec.inputs.reshape(-1, 3, 32, 32))
+    pixels = norm.undo(rec.inputs.reshape(-1, *images.shape[1:]))
     quality = match_and_score(pixels, images.to(torch.float64))
     return {
         "case": case.name,
@@ -197,6 +223,7 @@ def run_case(
         "pretrain": asdict(case.pretrain),
         "converged": converged,
         "centred": case.centred,
+        "dataset": case.dataset,
         "defence": case.training.model_dump(),
         "dtype": str(dtype).removeprefix("torch."),
         "arrays": case.arrays,
@@ -224,154 +251,9 @@ def run_case(
     }
 
 
-def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per case: sample-level shares over all seeds' samples, batch-level share, mean times."""
-    samples = sum(r["samples"] for r in rows)
-    stages: dict[str, float] = {}
-    for r in rows:
-        for k, v in r["attack"]["timings"].items():
-            stages[k] = stages.get(k, 0.0) + v / len(rows)
-    return {
-        "case": rows[0]["case"],
-        "seeds": [r["seed"] for r in rows],
-        "psnr_mean": float(np.mean([r["psnr_mean"] for r in rows])),
-        "psnr_min": float(min(r["psnr_min"] for r in rows)),
-        "ssim_mean": float(np.mean([r["ssim_mean"] for r in rows])),
-        "share_exact_samples": sum(r["share_exact"] * r["samples"] for r in rows) / samples,
-        "share_near_exact_samples": sum(r["share_near_exact"] * r["samples"] for r in rows)
-        / samples,
-        "share_near_exact_true_scale_samples": sum(
-            r["share_near_exact_true_scale"] * r["samples"] for r in rows
-        )
-        / samples,
-        # None without noise (the bias gradient then fixes every scale exactly).
-        "near_exact_scale_bound_samples": (
-            sum(r["near_exact_scale_bound"] * r["samples"] for r in rows) / samples
-            if all(r.get("near_exact_scale_bound") is not None for r in rows)
-            else None
-        ),
-        "share_certified_samples": sum(r["attack"]["certified"] for r in rows) / samples,
-        # Certified samples that are not exact (>= 100 dB) or not even near-exact (>= 40 dB).
-        "certified_not_exact": sum(r["certified_not_exact"] for r in rows),
-        "certified_not_near_exact": sum(r["certified_not_near_exact"] for r in rows),
-        "share_exact_batches": float(np.mean([r["batch_exact"] for r in rows])),
-        "noise_told": all(r.get("noise_told", True) for r in rows),
-        "noise_added": any(r.get("noise_std") for r in rows),
-        "noise_std_estimated_mean": (
-            float(np.mean(fits))
-            if (fits := [f for r in rows if (f := r["attack"].get("noise_std_estimated"))])
-            else None
-        ),
-        # The spectrum's noise fit: its largest relative error (None where nothing was fitted),
-        # and the lowest confidence of the batch-size estimate.
-        "noise_estimate_error_max": max(
-            (abs(e) for r in rows if (e := r.get("noise_estimate_error")) is not None),
-            default=None,
-        ),
-        "batch_size_confidence_min": min(
-            float(r["attack"].get("batch_size_confidence", 1.0)) for r in rows
-        ),
-        "batch_size_correct": float(
-            np.mean([r["attack"]["batch_size"] == r["batch_size"] for r in rows])
-        ),
-        "seconds_mean": float(np.mean([r["seconds"] for r in rows])),
-        # The attack's time over one SVD of the same gradient, per seed, averaged.
-        "svd_ratio_mean": (
-            float(np.mean([r["seconds"] / r["svd_seconds"] for r in rows]))
-            if all(r.get("svd_seconds") for r in rows)
-            else None
-        ),
-        "stage_seconds_mean": stages,
-        # Converged networks (None otherwise): test and training accuracy, lowest over seeds.
-        "network_accuracy_min": (
-            {
-                split: min(r["converged"][f"{split}_accuracy"] for r in rows)
-                for split in ("test", "train")
-            }
-            if all(r.get("converged") for r in rows)
-            else None
-        ),
-    }
-
-
-def markdown(summaries: list[dict[str, Any]], paper: dict[str, str], meta: dict[str, Any]) -> str:
-    """The results as a Markdown table, with how and where they were measured."""
-    lines = [
-        f"Measured {meta['finished']} on {measured_on(meta['hardware'])}, data "
-        f"`{meta['data']}`, gradient dtype {meta['dtype']}.",
-        "",
-        f"Command: `{meta['command']}`",
-        "",
-        "Exact = PSNR >= 100 dB, near-exact = PSNR >= 40 dB, both as shares of all samples over "
-        "all seeds; certified: the samples the attack itself vouches for (no ground truth), "
-        "in brackets those of them under 100 dB / under 40 dB of their true sample; "
-        "at true scale: near-exact once each reconstruction is rescaled to the truth "
-        "(a judge's diagnostic of the scales the engine fixed); scale bound: the near-exact "
-        "share expected with every column exact and each scale fitted to the first layer's "
-        "noisy bias gradient alone (`scale_bound`; - without noise), which one-step updates "
-        "beat by using the next layer's too; batches = share of seeds whose whole batch is "
-        "exact; B_hat confidence: the lowest over seeds of the attack's confidence in its "
-        "batch-size estimate; noise: whether the attacker was told the DP noise level, and how far "
-        "its fit to the gradient's spectrum was at worst from the true per-entry std (without DP "
-        "noise: the mean std of the round-off bulk it fitted, if any); s mean: seconds per attack "
-        "(with `--svd-reference`, in brackets: as a multiple of one full float64 SVD of the same "
-        "gradient timed right after it, averaged over seeds).",
-        "",
-        "| case | seeds | PSNR mean | PSNR min | SSIM | exact | certified | near-exact | "
-        "at true scale | scale bound | batches exact | B_hat right | B_hat confidence (min) | "
-        "noise | s mean | factorise / search / refine / select+solve s | paper |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in summaries:
-        st = s["stage_seconds_mean"]
-        stages = (
-            " / ".join(f"{st.get(k, 0.0):.1f}" for k in ("factorise", "search", "refine"))
-            + f" / {st.get('select', 0.0) + st.get('solve', 0.0):.2f}"
-        )
-        bound = s["near_exact_scale_bound_samples"]
-        bound_text = "-" if bound is None else f"{100 * bound:.1f}%"
-        error = s.get("noise_estimate_error_max")
-        noise = "told" if s.get("noise_told", True) else "not told"
-        svd = s.get("svd_ratio_mean")
-        ratio = "" if svd is None else f" ({svd:.2f} SVD)"
-        confidence = s.get("batch_size_confidence_min", 1.0)
-        if error is not None:
-            noise += f", fit within {100 * error:.2f}%"
-        if not s.get("noise_added", True):
-            fitted = s.get("noise_std_estimated_mean")
-            noise = "none added" + (f"; round-off bulk fitted, std {fitted:.2g}" if fitted else "")
-        lines.append(
-            f"| {s['case']} | {len(s['seeds'])} | {s['psnr_mean']:.1f} | {s['psnr_min']:.1f} | "
-            f"{s['ssim_mean']:.3f} | {100 * s['share_exact_samples']:.1f}% | "
-            f"{100 * s['share_certified_samples']:.1f}% "
-            f"({s.get('certified_not_exact', '?')} / {s.get('certified_not_near_exact', '?')}) | "
-            f"{100 * s['share_near_exact_samples']:.1f}% | "
-            f"{100 * s['share_near_exact_true_scale_samples']:.1f}% | {bound_text} | "
-            f"{100 * s['share_exact_batches']:.0f}% | "
-            f"{100 * s['batch_size_correct']:.0f}% | {confidence:.2f} | {noise} | "
-            f"{s['seconds_mean']:.1f}{ratio} | {stages} | "
-            f"{paper.get(s['case'], '')} |"
-        )
-    trained = [s for s in summaries if s.get("network_accuracy_min")]
-    if trained:
-        lines += [
-            "",
-            "Networks trained on the whole training split, lowest accuracy over seeds:",
-            "",
-        ]
-    for s in trained:
-        acc = s["network_accuracy_min"]
-        reached = "reached" if acc["test"] >= TARGET_ACCURACY else "**not reached**"
-        lines.append(
-            f"- {s['case']}: test {100 * acc['test']:.1f}%, training {100 * acc['train']:.1f}% "
-            f"(the target of {100 * TARGET_ACCURACY:.0f}% test accuracy {reached})"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def run_bench(
     cases: Iterable[AttackCase],
-    data: ImageSet,
+    data: ImageSet | None,
     out: Path,
     *,
     dtype: torch.dtype = torch.float64,
@@ -379,14 +261,16 @@ def run_bench(
     svd_reference: bool = False,
     train: ImageSet | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every case and seed on batches of ``data`` (converged cases train on ``train``);
+    """Run every case and seed on batches of ``data`` (``None``: every case attacks a tabular
+    set; converged cases train on ``train``);
     rows are appended to ``out/rows.jsonl`` as they finish, and ``out/summary.json`` and
     ``out/summary.md`` are rewritten after each case."""
+    cases = list(cases)
     out.mkdir(parents=True, exist_ok=True)
     norm = Normalization()
     meta: dict[str, Any] = {
         "hardware": hardware(),
-        "data": data.source,
+        "data": ", ".join(sorted({c.samples(data).source for c in cases})),
         "dtype": str(dtype).removeprefix("torch."),
         "command": command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
+
+import torch
 
 from attacks import SpearConfig, paper_config
 from clients import TrainingSettings, training_settings
 from fl_sim.bench.converge import Convergence
 from fl_sim.bench.pretrain import Pretraining
-from fl_sim.data.normalize import Normalization
+from fl_sim.data.breast_cancer import load_breast_cancer_records
+from fl_sim.data.cifar10 import ImageSet
+from fl_sim.data.normalize import Normalization, fitted_normalization, to_unit
+from fl_sim.data.records import RecordSet
+from fl_sim.model import NUM_CLASSES
+
+# Where a case's samples come from: the bench's images (its --data), or a tabular set that
+# ships offline.
+IMAGES = "images"
+TABULAR: dict[str, Callable[[], RecordSet]] = {"breast-cancer": load_breast_cancer_records}
+DATASETS = (IMAGES, *TABULAR)
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,10 @@ class AttackCase:
     centred
         The images normalised by CIFAR-10's channel statistics, as the simulation feeds them;
         ``False``: on [0, 1], as torchvision's ``ToTensor()`` gives them with no ``Normalize``
-        (the mean image then dominates every pre-activation).
+        (the mean image then dominates every pre-activation). Tabular records: standardised
+        by their set's per-feature mean and std; ``False``: min-max scaled to [0, 1].
+    dataset
+        ``images`` (the bench's ``--data``) or a tabular set of :data:`TABULAR`.
     """
 
     name: str
@@ -69,13 +86,38 @@ class AttackCase:
     arrays: str = "tensors"
     paper: str = ""
     centred: bool = True
+    dataset: str = IMAGES
+
+    def samples(self, images: ImageSet | None) -> RecordSet:
+        """The records this case's batches are drawn from: ``images`` (the bench's), or its
+        tabular set."""
+        if self.dataset != IMAGES:
+            return _tabular(self.dataset)
+        if images is None:
+            raise ValueError(f"case {self.name!r} attacks images: pass the bench's images")
+        return RecordSet.from_images(images, NUM_CLASSES)
 
     def normalization(self, centred: Normalization) -> Normalization:
-        """The inputs' normalisation: ``centred`` (the bench's), or none for a case on
-        [0, 1] pixels."""
-        return centred if self.centred else UNIT
+        """The inputs' normalisation: ``centred`` (the bench's, for images) or a tabular set's
+        own standardisation; none (samples on their [0, 1] scale) for an un-centred case."""
+        if self.dataset != IMAGES:
+            records = _tabular(self.dataset)
+            centred = fitted_normalization(
+                to_unit(records.records, records.low, records.high, torch.float64)
+            )
+        if self.centred:
+            return centred
+        entries = len(centred.mean)
+        return Normalization((0.0,) * entries, (1.0,) * entries, centred.ndim)
 
     def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset={self.dataset!r}: allowed are {', '.join(DATASETS)}")
+        if self.converged is not None and self.dataset != IMAGES:
+            raise ValueError(
+                f"case {self.name!r}: converged networks train on the bench's images; "
+                f"dataset {self.dataset!r} has no such split"
+            )
         if self.arrays not in ARRAYS:
             raise ValueError(f"arrays={self.arrays!r}: allowed are {', '.join(ARRAYS)}")
         if self.dtype not in (None, "float32", "float64"):
@@ -92,8 +134,11 @@ class AttackCase:
 
 
 ARRAYS = ("tensors", "float64", "float64-diff")
-# Pixels on [0, 1] as they are: no normalisation to undo.
-UNIT = Normalization((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+
+
+@cache
+def _tabular(name: str) -> RecordSet:
+    return TABULAR[name]()
 
 
 _DP_SMALL = training_settings("dp", lr=0.01, clip=2.0, noise_multiplier=1e-4)
@@ -302,6 +347,35 @@ MEMORISED: tuple[AttackCase, ...] = tuple(
     for own in (True, False)
 )
 
+# Tabular records (30 features, so B < 30) min-max scaled to [0, 1] beside the same records
+# standardised, float64 and float32 clients, depth 6 at PyTorch's initialisation; 60 s an
+# attack.
+TABULAR_CASES: tuple[AttackCase, ...] = tuple(
+    AttackCase(
+        f"breast-cancer {'standardised' if centred else 'min-max'} B={b} m={m}"
+        + (f" {dtype}" if dtype else ""),
+        b,
+        m,
+        attack=SpearConfig(time_budget_s=60.0),
+        seeds=(0, 1, 2),
+        centred=centred,
+        dataset="breast-cancer",
+        dtype=dtype,
+    )
+    for b, m, dtype in (
+        (10, 256, None),
+        (20, 256, None),
+        (25, 256, None),
+        (28, 256, None),
+        (20, 1000, None),
+        (28, 1000, None),
+        (28, 4000, None),
+        (20, 256, "float32"),
+        (28, 1000, "float32"),
+    )
+    for centred in (True, False)
+)
+
 QUICK: tuple[AttackCase, ...] = (
     AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1)),
     _paper_method(AttackCase("quick l1 RAdam B=20 m=200", 20, 200, seeds=(0, 1))),
@@ -319,4 +393,5 @@ PRESETS: dict[str, tuple[AttackCase, ...]] = {
     "uncentred": UNCENTRED,
     "converged": CONVERGED,
     "memorised": MEMORISED,
+    "tabular": TABULAR_CASES,
 }

@@ -23,7 +23,8 @@ import torch
 from matplotlib.figure import Figure
 
 from attacks import SpearConfig
-from fl_sim.bench.attack import aggregate, run_case
+from fl_sim.bench.attack import run_case
+from fl_sim.bench.attack_table import aggregate
 from fl_sim.bench.cases import AttackCase
 from fl_sim.bench.converge import Convergence
 from fl_sim.bench.machine import hardware, measured_on

@@ -1,5 +1,5 @@
-"""``fl-sim bench attack``: SPEAR++ on client updates of real CIFAR-10 images, a preset's cases
-or one from the command line."""
+"""``fl-sim bench attack``: SPEAR++ on client updates of real CIFAR-10 images or tabular
+records, a preset's cases or one from the command line."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from attacks import SpearConfig, paper_config
 from attacks.spearpp.config import NullStep, Optimiser, Search, Surrogate
 from clients.defences import training_defences, training_settings
 from fl_sim.bench.attack import run_bench
-from fl_sim.bench.cases import ARRAYS, PRESETS, AttackCase, noise_blind
+from fl_sim.bench.cases import ARRAYS, DATASETS, IMAGES, PRESETS, AttackCase, noise_blind
 from fl_sim.bench.invocation import (
     DATA_HELP,
     bench_data,
@@ -32,8 +32,7 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     attack.add_argument("--seeds", help="comma-separated seeds (default: the preset's, or 0)")
     attack.add_argument(
         "--data",
-        required=True,
-        help=DATA_HELP,
+        help=DATA_HELP + " (needed unless every case attacks a tabular set)",
     )
     attack.add_argument("--split", choices=("train", "test"), default="test")
     attack.add_argument(
@@ -82,10 +81,17 @@ def add_command(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "numpy arrays, or (sent - received) / lr computed in float64",
     )
     custom.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default=IMAGES,
+        help="the images of --data, or a tabular set that ships offline",
+    )
+    custom.add_argument(
         "--uncentred",
         action="store_true",
-        help="pixels on [0, 1], as ToTensor() gives them without Normalize (default: centred "
-        "by CIFAR-10's channel statistics)",
+        help="inputs on [0, 1]: pixels as ToTensor() gives them without Normalize, records "
+        "min-max scaled (default: pixels centred by CIFAR-10's channel statistics, records "
+        "standardised)",
     )
     attack.add_argument(
         "--noise-blind",
@@ -147,6 +153,7 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
         f"m={args.width} depth={args.depth}"
         + (" [paper method]" if args.method == "paper" else "")
         + (" [0, 1] inputs" if args.uncentred else "")
+        + (f" [{args.dataset}]" if args.dataset != IMAGES else "")
     )
     return AttackCase(
         name,
@@ -158,6 +165,7 @@ def _custom_case(args: argparse.Namespace) -> AttackCase:
         knows_batch_size=args.knows_batch_size,
         arrays=args.arrays,
         centred=not args.uncentred,
+        dataset=args.dataset,
     )
 
 
@@ -188,7 +196,13 @@ def _main(args: argparse.Namespace) -> int:
             raise SystemExit(f"fl-sim bench attack: {err}") from None
     if args.noise_blind:
         cases = tuple(c if not c.knows_noise else noise_blind(c) for c in cases)
-    data = bench_data(args.data, args.split)
+    if args.data is None:
+        images = [c.name for c in cases if c.dataset == IMAGES]
+        if images:
+            raise SystemExit(
+                f"fl-sim bench attack: --data is needed, case {images[0]!r} attacks images"
+            )
+    data = bench_data(args.data, args.split) if args.data is not None else None
     converged = any(c.converged for c in cases)
     train = training_split(args.data, args.split, "attack") if converged else None
     out = results_folder(args.out, f"attack-{args.preset}")

@@ -15,7 +15,7 @@ from fl_sim.data.breast_cancer import load_breast_cancer_records
 from fl_sim.data.cifar10 import CLASSES, load_cifar10
 from fl_sim.data.description import DataDescription
 from fl_sim.data.imagefolder import load_image_folder
-from fl_sim.data.normalize import Normalization, to_unit
+from fl_sim.data.normalize import Normalization, fitted_normalization, to_unit
 from fl_sim.data.partition import (
     partition_dirichlet,
     partition_iid,
@@ -99,12 +99,7 @@ def _source(spec: DataSpec, needed: int, seed: int) -> RecordSet:
 
 def _normalization(pool: RecordSet, train: np.ndarray) -> Normalization:
     """Mean and std per channel or feature of the training split on the [0, 1] scale."""
-    unit = to_unit(pool.records[train], pool.low, pool.high, torch.float64).numpy()
-    # One row per value, one column per channel or feature.
-    values = np.moveaxis(unit, 1, -1).reshape(-1, unit.shape[1])
-    return Normalization(
-        tuple(values.mean(0).tolist()), tuple(values.std(0).tolist()), ndim=unit.ndim - 1
-    )
+    return fitted_normalization(to_unit(pool.records[train], pool.low, pool.high, torch.float64))
 
 
 @lru_cache(maxsize=4)

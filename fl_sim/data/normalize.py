@@ -57,3 +57,14 @@ class Normalization:
         """Back to the [0, 1] scale (not clipped: exactness is measured on the raw values)."""
         mean, std = (per_entry(v, samples, self.ndim) for v in (self.mean, self.std))
         return samples * std + mean
+
+
+def fitted_normalization(unit: torch.Tensor) -> Normalization:
+    """Mean and std per channel or feature of ``unit`` (N x sample shape, on the [0, 1]
+    scale): the normalisation that centres these samples."""
+    array = unit.to(torch.float64).numpy()
+    # One row per value, one column per channel or feature.
+    values = np.moveaxis(array, 1, -1).reshape(-1, array.shape[1])
+    return Normalization(
+        tuple(values.mean(0).tolist()), tuple(values.std(0).tolist()), ndim=array.ndim - 1
+    )
