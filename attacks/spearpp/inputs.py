@@ -91,6 +91,26 @@ class LayerObservation:
         silent: torch.Tensor = ~self.grad_weight.any(dim=1) & (self.grad_bias == 0)
         return silent
 
+    @cached_property
+    def bias_share(self) -> float:
+        """The biases' size next to the weights' share of the pre-activations, rms(b) /
+        rms(W x), estimated from the update alone: each neuron's gradient row is its samples'
+        inputs summed with the weights its bias gradient sums, so |dW_j| / |db_j| (the median
+        over neurons) stands for |x|, and a weight row meets an input at about |w_j| |x| /
+        sqrt(n).
+
+        Measured, estimate (truth): CIFAR-10 images centred 0.013 (0.018), on [0, 1] 0.029
+        (0.033); breast-cancer records (30 features) standardised 0.20 (0.19), min-max 0.97
+        (0.64). Small inputs meet weights of PyTorch's 1 / sqrt(n) scale at sizes near the
+        biases'.
+        """
+        some = self.grad_bias != 0
+        if not bool(some.any()):
+            return 0.0
+        size = (self.grad_weight[some].norm(dim=1) / self.grad_bias[some].abs()).median()
+        rows = self.weight.norm(dim=1).square().mean().sqrt()
+        return float(self.bias.square().mean().sqrt() * self.input_dim**0.5 / (rows * size))
+
 
 def _device_name(device: str) -> str:
     if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
