@@ -101,10 +101,7 @@ class AttackCase:
         """The inputs' normalisation: ``centred`` (the bench's, for images) or a tabular set's
         own standardisation; none (samples on their [0, 1] scale) for an un-centred case."""
         if self.dataset != IMAGES:
-            records = _tabular(self.dataset)
-            centred = fitted_normalization(
-                to_unit(records.records, records.low, records.high, torch.float64)
-            )
+            centred = _standardisation(self.dataset)
         if self.centred:
             return centred
         entries = len(centred.mean)
@@ -139,6 +136,13 @@ ARRAYS = ("tensors", "float64", "float64-diff")
 @cache
 def _tabular(name: str) -> RecordSet:
     return TABULAR[name]()
+
+
+@cache
+def _standardisation(name: str) -> Normalization:
+    """A tabular set's per-feature mean and std over all its records (on its [0, 1] scale)."""
+    records = _tabular(name)
+    return fitted_normalization(to_unit(records.records, records.low, records.high, torch.float64))
 
 
 _DP_SMALL = training_settings("dp", lr=0.01, clip=2.0, noise_multiplier=1e-4)
