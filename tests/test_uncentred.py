@@ -84,6 +84,15 @@ def test_fewer_rows_stay_on_the_live_rows() -> None:
     assert result["exact"] == 12 and result["certified_not_exact"] == 0, result
 
 
+@pytest.mark.parametrize("seed", [1, 11])
+def test_fewer_rows_on_every_row_under_float32_round_off(seed: int) -> None:
+    """A float32 update of the same layer (10 classes): the first try on every row finds this
+    batch's columns on the fewer rows only (with the default: none, the batch not certified)."""
+    row = next(r for r in grid() if r.name == "n=20 m=80 depth=2 C=10 B=12 float32 fedsgd")
+    result = attack_one(row, seed, SpearConfig(time_budget_s=60.0))
+    assert result["certified"] == 12 and result["certified_not_near_exact"] == 0, result
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_pixels_whose_samples_leave_few_neurons_inactive(seed: int) -> None:
     """[0, 1] pixels as ``ToTensor()`` gives them, B=20, m=200, the project's depth-6 network:
