@@ -75,10 +75,10 @@ def test_a_multi_step_update_with_silent_neurons_still_comes_back(seed: int) -> 
     assert result["exact"] == 12 and result["certified_not_exact"] == 0, result
 
 
-def test_fewer_rows_stay_on_the_live_rows() -> None:
-    """One gradient of the same small layer (3 classes): few_zero_rows counts the live neurons'
-    zeros, and taken on every row too (the silent ones included) it left this batch at none of
-    12 samples exact, every seed of its certificates row at 1 of 240."""
+def test_fewer_rows_stay_off_every_row_without_noise() -> None:
+    """One float64 gradient of the same small layer (3 classes): few_zero_rows counts the live
+    neurons' zeros, and taken on every row too (the silent ones included) its rows verified
+    mixes, this batch none of 12 samples exact, its certificates row 1 of 240."""
     row = next(r for r in grid() if r.name == "n=20 m=80 depth=2 C=3 B=12 float64 fedsgd")
     result = attack_one(row, 12, SpearConfig(time_budget_s=60.0))
     assert result["exact"] == 12 and result["certified_not_exact"] == 0, result

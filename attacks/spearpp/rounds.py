@@ -65,10 +65,11 @@ def _sparse_layer(pool: ColumnPool, m: int) -> bool:
 
 
 def few_zero_rows(live: int, b: int, silent: int) -> int | None:
-    """Rows per null step on the live rows of a layer of ``live`` neurons some sample fired and
-    ``silent`` that none did, where the default takes more rows than a sample leaves inactive
-    among the live ones: ``_FEW_ZEROS_SHARE`` of them, at least B - 1 (a null direction);
-    ``None`` where the default fits.
+    """Rows per null step (on the live rows; under noise on every row too: see ``search_signs``)
+    for a layer of ``live`` neurons some sample fired and ``silent`` that none did, where the
+    default takes more rows than a sample leaves inactive among the live ones:
+    ``_FEW_ZEROS_SHARE`` of them, at least B - 1 (a null direction); ``None`` where the
+    default fits.
 
     A true column is a fixed point of the sign search only if the rows its fitted pattern
     rates most inactive are all zeros of it. Silent neurons mark inputs that share a dominant
