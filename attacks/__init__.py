@@ -20,7 +20,7 @@ from attacks.inversion import InversionConfig, invert_gradients
 from attacks.plugin import ATTACKS, AttackPlugin, AttackTable, run_attack
 from attacks.result import Reconstruction
 from attacks.spearpp import PRESETS, SpearConfig, paper_config, run_spearpp
-from attacks.spearpp.inputs import ArrayLike, observe_layer, resolve_device
+from attacks.spearpp.inputs import ArrayLike, NextArrays, observe_layer, resolve_device
 from attacks.view import ServerView
 
 
@@ -32,7 +32,7 @@ def reconstruct(
     *,
     batch_size: int | None = None,
     noise_std: float | None = None,
-    next_layer: tuple[ArrayLike, ArrayLike] | None = None,
+    next_layer: NextArrays | None = None,
     config: SpearConfig | None = None,
 ) -> Reconstruction:
     """Reconstruct a client's batch from the gradient of a linear layer followed by ReLU.
@@ -52,7 +52,9 @@ def reconstruct(
     next_layer
         Gradient of the next linear layer's weight (k x m) and bias (k), the layer that takes
         this one's ReLU output, for a one-step update only (FedSGD, one DP-SGD step): under
-        noise it fixes each sample's scale far better than this layer's bias gradient.
+        noise it fixes each sample's scale far better than this layer's bias gradient; with
+        that layer's weight (k x m, as sent) as a third array, it ties each sample's column
+        to its output gradient there (see :mod:`attacks.spearpp.coupled`).
     config
         Search settings; the default is :class:`SpearConfig` ().
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from attacks.errors import AttackInputError
 from attacks.spearpp.factor import factorise
-from attacks.spearpp.inputs import LayerObservation, observe_layer
+from attacks.spearpp.inputs import LayerObservation, NextArrays, observe_layer
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,14 @@ class ServerView:
 def first_layer(view: ServerView, device: torch.device) -> LayerObservation:
     """The first layer's gradient and weights as SPEAR++ observes them."""
     w_key, b_key = view.first_layer
-    nxt = None
+    nxt: NextArrays | None = None
     if view.next_layer is not None:
         missing = [k for k in view.next_layer if k not in view.gradient]
         if missing:
             raise AttackInputError(f"the next layer's gradient lacks arrays {missing}")
-        nxt = (view.gradient[view.next_layer[0]], view.gradient[view.next_layer[1]])
+        grads = (view.gradient[view.next_layer[0]], view.gradient[view.next_layer[1]])
+        sent = view.weights.get(view.next_layer[0])
+        nxt = grads if sent is None else (*grads, sent)
     return observe_layer(
         view.gradient[w_key],
         view.gradient[b_key],

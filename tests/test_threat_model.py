@@ -149,7 +149,9 @@ def test_float32_rounding_floor_matches_the_measured_round_off() -> None:
 def test_next_layer_only_for_one_step_kept_whole() -> None:
     one_step = _model().of_update(_update(DP_ONE_STEP))
     assert one_step.view.next_layer == NEXT and set(one_step.view.gradient) == {*LAYER, *NEXT}
-    assert set(one_step.view.weights) == set(LAYER)  # the next layer's weights are not needed
+    # The next layer's weight as sent too: it ties each sample's column to its output gradient
+    # there (attacks.spearpp.coupled).
+    assert set(one_step.view.weights) == {*LAYER, *NEXT}
     assert "next_layer" in one_step.knowledge
     several = _model().of_update(_update({**DP_ONE_STEP, "steps": 3}))
     assert several.view.next_layer is None and set(several.view.gradient) == set(LAYER)

@@ -36,6 +36,9 @@ class SpearConfig(Settings):
         Label/null alternations per round.
     sign_patience
         Rounds in a row without a new column after which the surrogate passes take over.
+    coupled_starts
+        Starts per sign round of the coupled search (see :mod:`attacks.spearpp.coupled`),
+        where a one-step update comes with the next layer's weight; 0 turns it off.
     null_step
         How the sign search's null steps find their direction: ``eigh`` (the exact smallest
         eigenvector; on CUDA each call checks its error codes on the host), ``inverse``
@@ -111,6 +114,7 @@ class SpearConfig(Settings):
     sign_starts: AtLeastOne = 8
     sign_iterations: AtLeastOne = 14
     sign_patience: AtLeastZero = 10
+    coupled_starts: AtLeastZero = 8
     null_step: NullStep = "auto"
     surrogate: Surrogate = "l1"
     optimiser: Optimiser = "radam"

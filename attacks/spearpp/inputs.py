@@ -13,6 +13,8 @@ from pydantic import AfterValidator
 from attacks.errors import AttackInputError
 
 ArrayLike = torch.Tensor | np.ndarray
+# The next layer's weight and bias gradients, and optionally its weight as sent.
+NextArrays = tuple[ArrayLike, ArrayLike] | tuple[ArrayLike, ArrayLike, ArrayLike]
 # Relative size under which float64 entries of a rank-B product are round-off (measured residue
 # about 1e-14; real entries sit far above 1e-9).
 PRECISION_FLOOR = 1e-9
@@ -32,10 +34,15 @@ class NextLayer:
         vector relu(W x_i + b).
     grad_bias
         k, the sum of the output gradients.
+    weight
+        k x m, the layer's weight as the server sent it, where given: it ties each sample's
+        output gradient here to its column of the attacked layer (see
+        :mod:`attacks.spearpp.coupled`).
     """
 
     grad_weight: torch.Tensor
     grad_bias: torch.Tensor
+    weight: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -156,10 +163,10 @@ def observe_layer(
     weight: ArrayLike,
     bias: ArrayLike,
     device: torch.device,
-    next_layer: tuple[ArrayLike, ArrayLike] | None = None,
+    next_layer: NextArrays | None = None,
 ) -> LayerObservation:
-    """Validate the four arrays (and the next layer's weight and bias gradients, if given) and
-    move them to ``device`` as float64.
+    """Validate the four arrays (and the next layer's weight and bias gradients, and its weight,
+    if given) and move them to ``device`` as float64.
 
     Raises
     ------
@@ -176,6 +183,8 @@ def observe_layer(
     if next_layer is not None:
         named["next_grad_weight"] = _as_tensor("next_grad_weight", next_layer[0])
         named["next_grad_bias"] = _as_tensor("next_grad_bias", next_layer[1])
+        if len(next_layer) > 2:
+            named["next_weight"] = _as_tensor("next_weight", next_layer[2])
     devices = {str(t.device) for t in named.values()}
     if len(devices) > 1:
         where = ", ".join(f"{k} on {t.device}" for k, t in named.items())
@@ -195,6 +204,8 @@ def observe_layer(
                 f"{m} outputs of this one, so it must be k x {m}"
             )
         expected["next_grad_bias"] = (nw.shape[0],)
+        if "next_weight" in named:
+            expected["next_weight"] = tuple(nw.shape)
     for key, shape in expected.items():
         if tuple(named[key].shape) != shape:
             raise AttackInputError(
@@ -207,7 +218,11 @@ def observe_layer(
     precision, precision_from = gradient_precision(gw)
     nxt = None
     if next_layer is not None:
-        nxt = NextLayer(moved.pop("next_grad_weight"), moved.pop("next_grad_bias"))
+        nxt = NextLayer(
+            moved.pop("next_grad_weight"),
+            moved.pop("next_grad_bias"),
+            moved.pop("next_weight", None),
+        )
     return LayerObservation(
         **moved, precision=precision, next_layer=nxt, precision_from=precision_from
     )

@@ -13,6 +13,7 @@ import torch
 
 from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.config import SpearConfig
+from attacks.spearpp.coupled import coupled_search
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.found_inputs import FoundInputs
@@ -221,6 +222,7 @@ def sign_rounds(
     patience: int | None = None,
     hidden: torch.Tensor | None = None,
     few_rows: int | None = None,
+    coupling: torch.Tensor | None = None,
 ) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
     rounds that find nothing, by default the config's), or time is up; the number of rounds
@@ -228,7 +230,8 @@ def sign_rounds(
     (see :mod:`attacks.spearpp.hidden`), gives the found samples' input coordinates where it
     holds their hidden vectors. With ``few_rows`` (see :func:`few_zero_rows`)
     the null steps start on that many rows, and every idle round switches between them and the
-    default."""
+    default. With ``coupling`` (:func:`attacks.spearpp.coupled.coupling` on the geometry's
+    rows) each round adds the config's ``coupled_starts`` points of the coupled search."""
     pool, config = harvest.pool, harvest.config
     found_inputs = FoundInputs(harvest, geom, hidden, batch_size)
     idle = rounds = starts_run = 0
@@ -273,6 +276,21 @@ def sign_rounds(
                 whole=_sparse_layer(pool, harvest.left.shape[0]),
                 free_iterations=free,
             )
+            if coupling is not None and config.coupled_starts and not out_of_time():
+                points = torch.cat(
+                    [
+                        points,
+                        coupled_search(
+                            geom,
+                            coupling,
+                            config.coupled_starts,
+                            basis,
+                            found,
+                            generator,
+                            out_of_time,
+                        ),
+                    ]
+                )
             # The guided searches of the last columns cost many rounds' work at large B (at
             # B = 256, m = 4000 one ran 220 s where rounds of random starts found the last 9
             # columns too): they run once random starts stop finding any.

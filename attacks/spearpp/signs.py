@@ -131,7 +131,7 @@ class SignGeometry:
         return torch.nn.functional.normalize(points * self.singular, dim=1)
 
 
-def _input_space(geom: SignGeometry, found: torch.Tensor | None) -> torch.Tensor:
+def input_space(geom: SignGeometry, found: torch.Tensor | None) -> torch.Tensor:
     """Orthonormal basis (m x (B - F + 1)) of the pre-activations of inputs orthogonal to the
     found columns (F x B) and the bias; of all inputs' and the bias when none is found."""
     if found is None or not found.shape[0]:
@@ -325,7 +325,7 @@ def sign_search(
         # each point's B x B Gram matrix projected at every IRLS step (B=256, m=4000: 17 of the
         # null steps' 22 s went to deflated stages).
         deflated_rows = step_rows @ complement
-    fit_space = _input_space(geom, found)
+    fit_space = input_space(geom, found)
     smallest = NULL_STEPS[null_step]
     q = starts.to(device=geom.left.device, dtype=geom.left.dtype).clone()
     if drop_fixed is None:

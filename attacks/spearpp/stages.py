@@ -21,6 +21,7 @@ from attacks.spearpp.certify import (
     evict_mismatched,
 )
 from attacks.spearpp.config import SpearConfig
+from attacks.spearpp.coupled import coupling
 from attacks.spearpp.deflate import complement_probes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
@@ -44,6 +45,10 @@ from attacks.spearpp.solve import Solution, complete_basis, greedy_select, solve
 from attacks.spearpp.state import SpearState
 
 log = logging.getLogger(__name__)
+
+# One view of the sign search: its geometry, the next layer's row space and coupling on its
+# rows, and the rows per null step (None: the default).
+View = tuple[SignGeometry, torch.Tensor | None, int | None, torch.Tensor | None]
 
 # Idle sign rounds on every row before the search goes on with the live rows, where some
 # neurons are silent (see search_signs): on [0, 1] pixels, B=50, m=1000, rounds on every row
@@ -187,6 +192,7 @@ def search_signs(state: SpearState) -> None:
         state.geom = geom = SignGeometry.build(state.fac.left, state.fac.right, obs.weight, bias)
         if bias is not None and obs.next_layer is not None:
             state.hidden = hidden_space(obs.next_layer, b)
+            state.coupling = coupling(obs.next_layer, b)
         live = ~obs.silent
         silent = int((~live).sum())
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
@@ -196,9 +202,7 @@ def search_signs(state: SpearState) -> None:
         # where without noise they verified mixes of a 3-class layer's columns that left its
         # batch at 1 of 240 samples exact (14 with the default).
         first_rows = few_rows if state.rule.noise_std else None
-        views: list[tuple[SignGeometry, torch.Tensor | None, int | None]] = [
-            (geom, state.hidden, first_rows)
-        ]
+        views: list[View] = [(geom, state.hidden, first_rows, state.coupling)]
         if silent:
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows
             # vanish in every direction, yet they are the deepest rows of every sample's
@@ -217,16 +221,20 @@ def search_signs(state: SpearState) -> None:
             # And every row again, with the config's patience, for what the live rows miss
             # (the FedAvg rows above: a last column that the first try's two idle rounds left).
             live_hidden = None if state.hidden is None else state.hidden[live]
+            live_coupling = None if state.coupling is None else state.coupling[live]
             # Fewer rows per null step on the live rows (see few_zero_rows); every row again
             # with the default.
-            views += [(live_rows, live_hidden, few_rows), (geom, state.hidden, None)]
+            views += [
+                (live_rows, live_hidden, few_rows, live_coupling),
+                (geom, state.hidden, None, state.coupling),
+            ]
     harvest.pre = geom.affine()
-    for index, (view, hidden, rows) in enumerate(views):
+    for index, (view, hidden, rows, coupled) in enumerate(views):
         # Every row is a first try: where it stalls, a few idle rounds say so.
         patience = FIRST_PATIENCE if len(views) > 1 and index == 0 else None
         rounds, starts = sign_rounds(
             harvest, view, b, state.generator, state.out_of_time, state.null_step, patience,
-            hidden, rows,
+            hidden, rows, coupled,
         )  # fmt: skip
         state.sign_rounds += rounds
         state.sign_starts += starts
@@ -340,7 +348,7 @@ def repair(state: SpearState) -> None:
         state.harvest.reopen()
         more_rounds, more_starts = sign_rounds(
             state.harvest, geom, b, state.generator, state.out_of_time, state.null_step,
-            REPAIR_PATIENCE, state.hidden,
+            REPAIR_PATIENCE, state.hidden, None, state.coupling,
         )  # fmt: skip
         state.sign_rounds += more_rounds
         state.sign_starts += more_starts

@@ -49,6 +49,8 @@ class SpearState:
     geom: SignGeometry | None = None
     # The next layer's row space where it holds the hidden vectors (attacks.spearpp.hidden).
     hidden: torch.Tensor | None = None
+    # K of the coupled search where the next layer's weight is known (attacks.spearpp.coupled).
+    coupling: torch.Tensor | None = None
     sign_rounds: int = 0
     sign_starts: int = 0
     starts: int = 0

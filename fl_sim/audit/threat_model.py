@@ -253,10 +253,11 @@ class ThreatModel:
             received |= {k: received_all[k] for k in nxt}
             knowledge["next_layer"] = (
                 "one step: its gradient fixes the samples' scales under noise and the inputs "
-                "the first layer leaves open"
+                "the first layer leaves open; with its weight it ties each sample's column to "
+                "its output gradient there"
             )
         return ServerView(
-            weights={k: sent[k].astype(np.float64) for k in self.first_layer},
+            weights={k: v.astype(np.float64) for k, v in sent.items()},
             gradient=_gradient(sent, received, lr),
             first_layer=self.first_layer,
             next_layer=nxt,

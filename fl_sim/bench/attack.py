@@ -46,7 +46,8 @@ def client_update(
     given, trained elsewhere).
 
     Returns the server's view (``grad_weight``, ``grad_bias``, ``weight``, ``bias``, and for a
-    one-step update, as the audit gives it, ``next_grad_weight`` and ``next_grad_bias``),
+    one-step update, as the audit gives it, ``next_grad_weight``, ``next_grad_bias`` and the
+    next layer's weight as sent, ``next_weight``),
     in the form ``case.arrays`` asks for, the true samples on their [0, 1] scale (B x sample
     shape: 3 x 32 x 32 for images) and the per-entry noise std of the gradient-equivalent.
     """
@@ -89,7 +90,7 @@ def client_update(
     ]
     view = {"grad_weight": grads[0], "grad_bias": grads[1], "weight": sent[0], "bias": sent[1]}
     if result.steps == 1:
-        view |= {"next_grad_weight": grads[2], "next_grad_bias": grads[3]}
+        view |= {"next_grad_weight": grads[2], "next_grad_bias": grads[3], "next_weight": sent[2]}
     if case.arrays != "tensors":
         view = {k: v.double() for k, v in view.items()}
     return view, images, result.noise_std
@@ -204,7 +205,7 @@ def run_case(
             arrays["bias"],
             batch_size=case.batch_size if case.knows_batch_size else None,
             noise_std=noise_std if (case.knows_noise and noise_std) else None,
-            next_layer=(arrays["next_grad_weight"], arrays["next_grad_bias"])
+            next_layer=(arrays["next_grad_weight"], arrays["next_grad_bias"], arrays["next_weight"])
             if "next_grad_weight" in arrays
             else None,
             config=case.attack.replace(seed=seed),

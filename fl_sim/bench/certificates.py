@@ -180,7 +180,7 @@ def attack_one(row: CertificateRow, seed: int, config: SpearConfig) -> dict[str,
         for before, now in zip(sent, params, strict=True)
     ]
     # A one-step update comes with the next layer's gradient, as the audit gives FedSGD's.
-    nxt = (grads[2], grads[3]) if steps == 1 else None
+    nxt = (grads[2], grads[3], sent[2]) if steps == 1 else None
     started = time.perf_counter()
     try:
         rec = reconstruct(grads[0], grads[1], sent[0], sent[1], next_layer=nxt, config=config)

@@ -1,0 +1,151 @@
+"""Coupled search: a sample's first-layer column tied to the next layer's output gradients.
+
+In one step, sample i's output gradient at the first layer is g_i = D_i W'^T e_i: e_i, its
+output gradient at the next layer (weight W'), lies in the column space C of that layer's
+weight gradient, and D_i is its activity pattern. So with K = W'^T C every neuron j gives an
+equation for the pair (q, d) of the sample's column and its coordinates in C:
+
+- inactive (j a zero of the sample): L_j q = 0;
+- active: L_j q = K_j d.
+
+The sign search uses the first kind only. A mix of two samples' columns keeps the zeros the two
+share (a quarter of the neurons at initialisation, more where patterns are shared: [0, 1]
+pixels, trained networks), which is why mixes stay nearly as sparse as columns at large B;
+here it also fails the second kind wherever one sample is active and the other is not, about
+half the neurons. The iteration per point:
+
+- labels: inactive where |L q| < |L q - K d| (at the first iteration, below its median);
+- for the first :data:`PROJECTED` iterations the labels are projected onto the halfspace
+  patterns as the sign search's are, and only the rows they put most clearly on either side
+  are kept (the projection pulls points across the sphere; the plain labels converge locally);
+- q: the smallest eigenvector of L_Z^T L_Z + L_S^T (I - P) L_S, P the projection onto K_S's
+  range (d eliminated by least squares), and d from it.
+
+Measured (judge's view, m=1000 at initialisation, 20 random starts each): B=175, 19 land on
+a column (12 distinct) where the sign search lands 1 of 350; B=200, 15 (6 distinct) with 150
+projected iterations. Inside the engine's rounds: m=1000, B=175 exact in 71 s (the sign
+rounds alone: 1 of 175 columns in 300 s); [0, 1] pixels, m=1000, B=150, 52 s (1 of 150 in
+600 s); m=200, B=50 and [0, 1] B=40, the seeds the sweeps missed, 2 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from attacks.spearpp.hidden import RANK_GAP, row_space_sketch
+from attacks.spearpp.inputs import NextLayer
+from attacks.spearpp.signs import SignGeometry, input_space
+
+# Iterations per point, and how many of the first project their labels onto halfspace
+# patterns. At m=1000, B=175 (20 random starts): 10 projected of 30, no column; 35 of 50, 10;
+# 50 of 65, 14; 80 of 95, 19. At B=200, 80 of 95 gave 8 and 150 of 165 15.
+ITERATIONS = 95
+PROJECTED = 80
+# Share of the rows the projected labels keep on each side (0.25: fewer columns; 0.45 too).
+_SIDE = 0.35
+# Ridge of K_S^T K_S, relative to K's scale (K is scaled to unit mean square singular value).
+_RIDGE = 1e-12
+# Elements of the per-point m x B products held at once.
+_CHUNK_ELEMENTS = 1 << 25
+
+
+def coupling(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
+    """K = W'^T C (m x B), C an orthonormal basis of the next layer's output gradients, scaled
+    to unit mean square singular value; ``None`` without the next layer's weight or where its
+    gradient's rank is not ``batch_size`` (see :data:`hidden.RANK_GAP`)."""
+    weight, grad = next_layer.weight, next_layer.grad_weight
+    if weight is None or grad.shape[0] < batch_size:
+        return None
+    sketch = row_space_sketch(grad, batch_size, power_iterations=0)
+    left, values, _ = torch.linalg.svd(grad @ sketch, full_matrices=False)
+    weakest = float(values[batch_size - 1])
+    after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
+    if weakest <= RANK_GAP * after or weakest <= 0.0:
+        return None
+    k = weight.to(grad).T @ left[:, :batch_size]
+    scaled: torch.Tensor = k * (batch_size**0.5 / k.norm())
+    return scaled
+
+
+def coupled_search(
+    geom: SignGeometry,
+    k: torch.Tensor,
+    count: int,
+    deflation: torch.Tensor | None,
+    found: torch.Tensor | None,
+    generator: torch.Generator,
+    out_of_time: Callable[[], bool],
+) -> torch.Tensor:
+    """``count`` points (search coordinates) from random starts among the unfound columns.
+
+    Parameters
+    ----------
+    geom
+        The sign search's view (its rows: ``k``'s).
+    k
+        :func:`coupling` on the view's rows (m x B).
+    deflation
+        Orthonormal basis (B x F, search coordinates) of the found samples' input coordinates,
+        or ``None``: the unfound columns are orthogonal to it (P Q = I), so the points stay in
+        its complement.
+    found
+        The found columns (F x B): the projected labels' halfspace fits leave them out, as the
+        sign search's do.
+    """
+    u, s = geom.engine_left(), geom.singular
+    m, b = u.shape
+    outside = torch.eye(b, dtype=u.dtype, device=u.device)
+    if deflation is not None and deflation.shape[1]:
+        outside = torch.linalg.svd(deflation, full_matrices=True)[0][:, deflation.shape[1] :]
+    # Engine coordinates of the complement (q_engine = S q_search), orthonormal.
+    engine = torch.linalg.qr(s[:, None] * outside).Q
+    rows = u @ engine
+    fit_space = input_space(geom, found)
+    chunk = max(1, _CHUNK_ELEMENTS // (m * b))
+    parts: list[torch.Tensor] = []
+    for begin in range(0, count, chunk):
+        if parts and out_of_time():
+            break
+        size = min(chunk, count - begin)
+        z = torch.randn(size, rows.shape[1], generator=generator, dtype=u.dtype).to(u.device)
+        z = _iterate(rows, k, fit_space, torch.nn.functional.normalize(z, dim=1))
+        parts.append(torch.nn.functional.normalize((z @ engine.T) / s, dim=1))
+    return torch.cat(parts) if parts else u.new_zeros(0, b)
+
+
+def _iterate(
+    rows: torch.Tensor, k: torch.Tensor, fit_space: torch.Tensor, z: torch.Tensor
+) -> torch.Tensor:
+    """The labels / eigenvector iteration (see the module's docstring) from the points ``z``."""
+    m = rows.shape[0]
+    side = int(_SIDE * m)
+    eye = torch.eye(k.shape[1], dtype=k.dtype, device=k.device)
+    d: torch.Tensor | None = None
+    for it in range(ITERATIONS):
+        c = z @ rows.T
+        if d is None:
+            inactive = c.abs() < c.abs().median(dim=1, keepdim=True).values
+        else:
+            inactive = c.abs() < (c - d @ k.T).abs()
+        use = torch.ones_like(c)
+        if it < PROJECTED:
+            labels = torch.where(inactive, -1.0, 1.0).to(c.dtype)
+            fit = (labels @ fit_space) @ fit_space.T
+            low = fit.kthvalue(side, dim=1, keepdim=True).values
+            high = fit.kthvalue(m - side + 1, dim=1, keepdim=True).values
+            inactive = fit <= low
+            use = (inactive | (fit >= high)).to(c.dtype)
+        active = (~inactive).to(c.dtype) * use
+        off = inactive.to(c.dtype) * use
+        k_active = k[None] * active[..., None]
+        gram_k = k_active.transpose(1, 2) @ k + _RIDGE * eye
+        cross = k_active.transpose(1, 2) @ rows
+        solved = torch.linalg.solve(gram_k, cross)
+        weights = (active + off)[..., None]
+        gram = (rows[None] * weights).transpose(1, 2) @ rows - cross.transpose(1, 2) @ solved
+        vectors = torch.linalg.eigh((gram + gram.transpose(1, 2)) / 2)[1]
+        z = vectors[:, :, 0]
+        d = (solved @ z[..., None])[..., 0]
+    return z
