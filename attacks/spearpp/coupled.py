@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from attacks.spearpp.hidden import RANK_GAP, row_space_sketch
+from attacks.spearpp.hidden import next_layer_bases
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.signs import SignGeometry, input_space
 
@@ -54,17 +54,12 @@ _CHUNK_ELEMENTS = 1 << 25
 def coupling(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
     """K = W'^T C (m x B), C an orthonormal basis of the next layer's output gradients, scaled
     to unit mean square singular value; ``None`` without the next layer's weight or where its
-    gradient's rank is not ``batch_size`` (see :data:`hidden.RANK_GAP`)."""
-    weight, grad = next_layer.weight, next_layer.grad_weight
-    if weight is None or grad.shape[0] < batch_size:
+    gradient's rank is not ``batch_size`` (see :func:`hidden.next_layer_bases`)."""
+    weight = next_layer.weight
+    bases = None if weight is None else next_layer_bases(next_layer, batch_size)
+    if weight is None or bases is None:
         return None
-    sketch = row_space_sketch(grad, batch_size, power_iterations=0)
-    left, values, _ = torch.linalg.svd(grad @ sketch, full_matrices=False)
-    weakest = float(values[batch_size - 1])
-    after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
-    if weakest <= RANK_GAP * after or weakest <= 0.0:
-        return None
-    k = weight.to(grad).T @ left[:, :batch_size]
+    k = weight.T @ bases[0]
     scaled: torch.Tensor = k * (batch_size**0.5 / k.norm())
     return scaled
 

@@ -57,8 +57,11 @@ def row_space_sketch(grad: torch.Tensor, rank: int, power_iterations: int) -> to
     return sketch
 
 
-def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
-    """Orthonormal basis (m x B) of the row space of the next layer's weight gradient, or
+def next_layer_bases(
+    next_layer: NextLayer, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Orthonormal bases of the column space (k x B: the samples' output gradients there) and
+    the row space (m x B: their hidden vectors) of the next layer's weight gradient, or
     ``None`` where its rank is not ``batch_size`` (see :data:`RANK_GAP`).
 
     The range of G'^T is sketched from random mixes of its columns (k x m with k = m at
@@ -70,13 +73,19 @@ def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
     if grad.shape[0] < batch_size:
         return None
     sketch = row_space_sketch(grad, batch_size, power_iterations=0)
-    _, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
+    left, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
     weakest = float(values[batch_size - 1])
     after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
     if weakest <= RANK_GAP * after or weakest <= 0.0:
         return None
-    space: torch.Tensor = sketch @ right[:batch_size].T
-    return space
+    return left[:, :batch_size], sketch @ right[:batch_size].T
+
+
+def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
+    """Orthonormal basis (m x B) of the row space of the next layer's weight gradient, or
+    ``None`` where its rank is not ``batch_size`` (see :func:`next_layer_bases`)."""
+    bases = next_layer_bases(next_layer, batch_size)
+    return None if bases is None else bases[1]
 
 
 def hidden_inputs(
