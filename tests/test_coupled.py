@@ -13,7 +13,7 @@ from attacks.spearpp.coupled import coupled_search, coupling
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import PRECISION_FLOOR, NextLayer
 from attacks.spearpp.signs import SignGeometry, sign_search
-from fl_sim.model import fc_relu_net
+from tests.helpers import sgd_steps
 
 # Un-centred Gaussian inputs (every entry shifted by 2), as [0, 1] pixels are: shared patterns.
 _B, _N, _M, _SHIFT = 40, 300, 200, 2.0
@@ -25,22 +25,7 @@ def _update(seed: int, steps: int = 1) -> dict[str, torch.Tensor]:
     """A depth-3 network's one-step (or ``steps``-step) update on an un-centred batch: the
     first layer's gradient and weights, the next layer's gradient and weight as sent, the
     per-sample columns (m x B, the judge's) and the inputs."""
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    net = fc_relu_net(_M, 3, input_dim=_N).double()
-    x = torch.randn(_B, _N, generator=gen, dtype=torch.float64) + _SHIFT
-    y = torch.randint(0, 10, (_B,), generator=gen)
-    first, second = net[1], net[3]
-    sent = [p.detach().clone() for p in (first.weight, first.bias, second.weight, second.bias)]
-    lr = 0.1
-    for _ in range(steps):
-        net.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= lr * p.grad
-    now = (first.weight, first.bias, second.weight, second.bias)
-    grads = [(before - after.detach()) / lr for before, after in zip(sent, now, strict=True)]
+    x, sent, grads = sgd_steps(seed, _B, _N, _M, steps, _SHIFT)
     return {
         "grad_weight": grads[0],
         "grad_bias": grads[1],

@@ -13,6 +13,7 @@ from attacks.spearpp.hidden import RESIDUAL, confirmed_inputs, hidden_inputs, hi
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.signs import SignGeometry
 from fl_sim.model import fc_relu_net
+from tests.helpers import sgd_steps
 
 
 def _update(
@@ -21,23 +22,9 @@ def _update(
     """A depth-3 network's inputs (B x n, ``shift`` added: un-centred inputs), its first layer's
     affine map [W, b] (m x (n + 1)) as sent, and the next layer's gradient-equivalent of
     ``steps`` SGD steps on the batch."""
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    net = fc_relu_net(m, 3, input_dim=n).double()
-    x = torch.randn(b, n, generator=gen, dtype=torch.float64) + shift
-    y = torch.randint(0, 10, (b,), generator=gen)
-    first, second = net[1], net[3]
-    affine = torch.cat([first.weight, first.bias[:, None]], dim=1).detach().clone()
-    before = (second.weight.detach().clone(), second.bias.detach().clone())
-    lr = 0.1
-    for _ in range(steps):
-        net.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= lr * p.grad
-    after = (second.weight.detach(), second.bias.detach())
-    nxt = NextLayer((before[0] - after[0]) / lr, (before[1] - after[1]) / lr)
+    x, sent, grads = sgd_steps(seed, b, n, m, steps, shift)
+    affine = torch.cat([sent[0], sent[1][:, None]], dim=1)
+    nxt = NextLayer(grads[2], grads[3])
     return x, affine, nxt, (x @ affine[:, :-1].T + affine[:, -1]) > 0
 
 
