@@ -51,13 +51,20 @@ _RIDGE = 1e-12
 _CHUNK_ELEMENTS = 1 << 25
 
 
-def coupling(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
+def coupling(
+    next_layer: NextLayer,
+    batch_size: int,
+    bases: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor | None:
     """K = W'^T C (m x B), C an orthonormal basis of the next layer's output gradients, scaled
     to unit mean square singular value; ``None`` without the next layer's weight or where its
-    gradient's rank is not ``batch_size`` (see :func:`hidden.next_layer_bases`)."""
+    gradient's rank is not ``batch_size`` (see :func:`hidden.next_layer_bases`, whose result
+    ``bases`` passes on where it was computed already)."""
     weight = next_layer.weight
-    bases = None if weight is None else next_layer_bases(next_layer, batch_size)
-    if weight is None or bases is None:
+    if weight is None:
+        return None
+    bases = bases or next_layer_bases(next_layer, batch_size)
+    if bases is None:
         return None
     k = weight.T @ bases[0]
     scaled: torch.Tensor = k * (batch_size**0.5 / k.norm())

@@ -25,7 +25,7 @@ from attacks.spearpp.coupled import coupling
 from attacks.spearpp.deflate import complement_probes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
-from attacks.spearpp.hidden import hidden_space
+from attacks.spearpp.hidden import next_layer_bases
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.next_noise import next_layer_weight
 from attacks.spearpp.pool import ColumnPool
@@ -191,8 +191,11 @@ def search_signs(state: SpearState) -> None:
         bias = None if linear else obs.bias
         state.geom = geom = SignGeometry.build(state.fac.left, state.fac.right, obs.weight, bias)
         if bias is not None and obs.next_layer is not None:
-            state.hidden = hidden_space(obs.next_layer, b)
-            state.coupling = coupling(obs.next_layer, b)
+            # One sketch of the next layer's gradient serves both (its row and column spaces).
+            bases = next_layer_bases(obs.next_layer, b)
+            if bases is not None:
+                state.hidden = bases[1]
+                state.coupling = coupling(obs.next_layer, b, bases)
         live = ~obs.silent
         silent = int((~live).sum())
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
