@@ -17,7 +17,7 @@ from torch import nn
 from fl_sim.cli import main
 from fl_sim.saved_update import UpdateFileError, read_update
 from fl_sim.saved_update.update_file import parse_update
-from tests.helpers import batch
+from tests.helpers import batch, sgd_steps
 
 # Float32 training: the update (weight - weight_after) / lr carries the weights' round-off,
 # about 1e-7 of a weight over lr; reconstructions within this share of the inputs' largest
@@ -187,6 +187,19 @@ BAD_FILES = {
         _good() | {"next_weight_grad": np.ones((3, 6)), "next_bias_grad": np.ones(4)},
         "next_bias_grad has shape (4,): (3,), one per row of next_weight_grad",
     ),
+    "next weight alone": (
+        _good() | {"next_weight": np.ones((3, 6))},
+        "missing key 'next_weight_grad': an (m, n) matrix",
+    ),
+    "next weight misshapen as sent": (
+        _good()
+        | {
+            "next_weight_grad": np.ones((3, 6)),
+            "next_bias_grad": np.ones(3),
+            "next_weight": np.ones((6, 3)),
+        },
+        "next_weight has shape (6, 3): shape (3, 6), like next_weight_grad expected",
+    ),
     "input_shape wrong size": (
         _good() | {"input_shape": np.array([3, 2, 3])},
         "input_shape=[3, 2, 3] holds 18 values: 12 expected",
@@ -250,3 +263,24 @@ def test_good_files_parse() -> None:
         good | {"input_shape": np.array([3, 2, 2]), "mean": np.array(0.5), "std": np.array(0.2)}
     )
     assert shaped.mean == (0.5, 0.5, 0.5) and shaped.input_shape == (3, 2, 2)
+
+
+def test_next_weight_as_sent_reaches_an_uncentred_batch(tmp_path: Path) -> None:
+    """Un-centred inputs (shared activation patterns) at B = m / 5: with the next layer's weight
+    as sent the coupled search brings the batch back (the sign search alone found none of these
+    40 samples in 47 s; see tests/test_coupled.py)."""
+    b = 40
+    x, sent, grads = sgd_steps(0, b, 300, 200, shift=2.0)
+    update = {
+        "weight": sent[0].numpy(),
+        "bias": sent[1].numpy(),
+        "grad_weight": grads[0].numpy(),
+        "grad_bias": grads[1].numpy(),
+        "next_weight_grad": grads[2].numpy(),
+        "next_bias_grad": grads[3].numpy(),
+        "next_weight": sent[2].numpy(),
+    }
+    inputs, certified, result = _attack(update, tmp_path)
+    assert result["given"]["next_weight"] is True  # type: ignore[index]
+    assert result["status"] == "exact" and int(certified.sum()) == b
+    assert _worst_relative_error(inputs, x.numpy()) < 1e-6

@@ -73,6 +73,7 @@ def attack_update(
             "noise_std": update.noise_std,
             "steps": update.steps,
             "next_layer": update.next_layer is not None,
+            "next_weight": update.next_layer is not None and len(update.next_layer) == 3,
             "input_shape": list(update.input_shape) if update.input_shape else None,
         },
         "files": {"reconstruction": ATTACK_RECONSTRUCTION, "grid": grid, "grid_note": why},

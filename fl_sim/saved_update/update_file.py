@@ -22,6 +22,9 @@ GRAD_WEIGHT, GRAD_BIAS = "grad_weight", "grad_bias"
 WEIGHT_AFTER, BIAS_AFTER, LR = "weight_after", "bias_after", "lr"
 STEPS, BATCH_SIZE, NOISE_STD = "steps", "batch_size", "noise_std"
 NEXT_WEIGHT_GRAD, NEXT_BIAS_GRAD = "next_weight_grad", "next_bias_grad"
+# The next layer's weight as sent: with it the search couples each column to the next layer's
+# output gradients (attacks.spearpp.coupled), which reaches batches the sign search alone does not.
+NEXT_WEIGHT = "next_weight"
 INPUT_SHAPE, MEAN, STD = "input_shape", "mean", "std"
 KEYS = (
     WEIGHT,
@@ -36,10 +39,13 @@ KEYS = (
     NOISE_STD,
     NEXT_WEIGHT_GRAD,
     NEXT_BIAS_GRAD,
+    NEXT_WEIGHT,
     INPUT_SHAPE,
     MEAN,
     STD,
 )
+# The next layer's weight and bias gradients, and its weight as sent where saved.
+NextLayerArrays = tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 class UpdateFileError(ValueError):
@@ -71,8 +77,8 @@ class SavedUpdate:
         Per-entry std of noise added to the gradient (e.g. DP-SGD's sigma * C / batch size), if
         saved.
     next_layer
-        The next linear layer's weight (k x m) and bias (k) gradients, if saved (one-step
-        updates only).
+        The next linear layer's weight (k x m) and bias (k) gradients, and its weight as sent
+        (k x m) where saved, if saved (one-step updates only).
     input_shape
         The shape of one input (its product n), if saved: C x H x W images get a grid.
     mean, std
@@ -88,7 +94,7 @@ class SavedUpdate:
     steps: int = 1
     batch_size: int | None = None
     noise_std: float | None = None
-    next_layer: tuple[np.ndarray, np.ndarray] | None = None
+    next_layer: NextLayerArrays | None = None
     input_shape: tuple[int, ...] | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
@@ -166,8 +172,8 @@ def parse_update(arrays: Mapping[str, np.ndarray]) -> SavedUpdate:
         rounding = rounding_noise(arrays[WEIGHT_AFTER], lr)
         source = f"({WEIGHT} - {WEIGHT_AFTER}) / {LR} with {LR}={lr:g}"
     steps = _count(arrays, STEPS) or 1
-    next_layer = None
-    if NEXT_WEIGHT_GRAD in arrays or NEXT_BIAS_GRAD in arrays:
+    next_layer: NextLayerArrays | None = None
+    if NEXT_WEIGHT_GRAD in arrays or NEXT_BIAS_GRAD in arrays or NEXT_WEIGHT in arrays:
         next_weight = _matrix(arrays, NEXT_WEIGHT_GRAD, None)
         if next_weight.shape[1] != m:
             raise UpdateFileError(
@@ -177,6 +183,9 @@ def parse_update(arrays: Mapping[str, np.ndarray]) -> SavedUpdate:
         k = next_weight.shape[0]
         next_bias = _vector(arrays, NEXT_BIAS_GRAD, k, f"({k},), one per row of {NEXT_WEIGHT_GRAD}")
         next_layer = (next_weight, next_bias)
+        if NEXT_WEIGHT in arrays:
+            sent = _matrix(arrays, NEXT_WEIGHT, next_weight.shape, NEXT_WEIGHT_GRAD)
+            next_layer = (next_weight, next_bias, sent)
     input_shape = _input_shape(arrays, n)
     mean = _per_channel(arrays, MEAN, input_shape)
     std = _per_channel(arrays, STD, input_shape)
@@ -214,9 +223,12 @@ def _get(arrays: Mapping[str, np.ndarray], key: str, expected: str) -> np.ndarra
 
 
 def _matrix(
-    arrays: Mapping[str, np.ndarray], key: str, shape: tuple[int, int] | None
+    arrays: Mapping[str, np.ndarray],
+    key: str,
+    shape: tuple[int, ...] | None,
+    like: str = WEIGHT,
 ) -> np.ndarray:
-    expected = "an (m, n) matrix" if shape is None else f"shape {shape}, like {WEIGHT}"
+    expected = "an (m, n) matrix" if shape is None else f"shape {shape}, like {like}"
     value = _get(arrays, key, expected)
     if value.ndim != 2 or (shape is not None and value.shape != shape):
         raise UpdateFileError(f"{key} has shape {value.shape}: {expected} expected")
