@@ -37,6 +37,7 @@ import torch
 from attacks.spearpp.hidden import next_layer_bases
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.signs import SignGeometry, input_space
+from attacks.spearpp.spd import solve_spd
 
 # Iterations per point, and how many of the first project their labels onto halfspace
 # patterns. At m=1000, B=175 (20 random starts): 10 projected of 30, no column; 35 of 50, 10;
@@ -144,7 +145,7 @@ def _iterate(
         k_active = k[None] * active[..., None]
         gram_k = k_active.transpose(1, 2) @ k + _RIDGE * eye
         cross = k_active.transpose(1, 2) @ rows
-        solved = torch.linalg.solve(gram_k, cross)
+        solved = solve_spd(gram_k, cross)
         weights = (active + off)[..., None]
         gram = (rows[None] * weights).transpose(1, 2) @ rows - cross.transpose(1, 2) @ solved
         vectors = torch.linalg.eigh((gram + gram.transpose(1, 2)) / 2)[1]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from attacks.spearpp.spd import solve_spd
+
 _ITERATIONS = 60
 # Smoothing of the reweighting, relative to the median |L q|: starts loose, shrinks each
 # iteration, and stops at float64 round-off.
@@ -59,6 +61,6 @@ def l1_on_hyperplanes(left: torch.Tensor, probes: torch.Tensor, power: float = 1
         eps = (scale * _EPS_START * _EPS_DECAY**it).clamp_min(_EPS_FLOOR * y.amax(1, keepdim=True))
         weights = torch.maximum(y, eps).pow(power - 2.0)
         gram = torch.einsum("mb,tm,mc->tbc", left, weights, left)
-        z = torch.linalg.solve(gram, h[:, :, None]).squeeze(2)
+        z = solve_spd(gram, h[:, :, None]).squeeze(2)
         q = z / (z * h).sum(dim=1, keepdim=True)
     return torch.nn.functional.normalize(q, dim=1)
