@@ -161,16 +161,22 @@ class UnusedGrid(Grid):
 
 
 def sgd_steps(
-    seed: int, b: int, n: int, m: int, steps: int = 1, shift: float = 0.0
+    seed: int,
+    b: int,
+    n: int,
+    m: int,
+    steps: int = 1,
+    shift: float = 0.0,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """A depth-3 float64 network (``fc_relu_net(m, 3)``) trained ``steps`` SGD steps (lr 0.1)
-    on a Gaussian batch (B x n, ``shift`` added: un-centred inputs): the inputs, the first two
-    linear layers' weight and bias as sent, and their gradient-equivalents (before - after)
-    / lr, in that order."""
+    """A depth-3 network (``fc_relu_net(m, 3)``, float64 unless ``dtype``) trained ``steps``
+    SGD steps (lr 0.1) on a Gaussian batch (B x n, ``shift`` added: un-centred inputs): the
+    inputs, the first two linear layers' weight and bias as sent, and their
+    gradient-equivalents (before - after) / lr, in that order."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    net = fc_relu_net(m, 3, input_dim=n).double()
-    x = torch.randn(b, n, generator=gen, dtype=torch.float64) + shift
+    net = fc_relu_net(m, 3, input_dim=n).to(dtype)
+    x = (torch.randn(b, n, generator=gen, dtype=torch.float64) + shift).to(dtype)
     y = torch.randint(0, 10, (b,), generator=gen)
     first, second = net[1], net[3]
     params = (first.weight, first.bias, second.weight, second.bias)

@@ -104,3 +104,23 @@ def test_engine_brings_the_uncentred_batch_back_exact() -> None:
     # The update is a difference of weights: its round-off leaves errors near 1e-8.
     assert int((error < 1e-6).sum()) == _B
     assert rec.certified is not None and int(rec.certified.sum()) == _B
+
+
+def test_float32_client_couples_under_its_round_off() -> None:
+    """A float32 client's update: its round-off puts the search under noise (linear fits, no
+    exact next-layer coordinates), where the coupled search did not run before (this batch:
+    failed, 0 of 40 certified in 22 s)."""
+    x, sent, grads = sgd_steps(0, _B, _N, _M, shift=_SHIFT, dtype=torch.float32)
+    rec = reconstruct(
+        grads[0],
+        grads[1],
+        sent[0],
+        sent[1],
+        next_layer=(grads[2], grads[3], sent[2]),
+        config=SpearConfig(seed=0, time_budget_s=60),
+    )
+    x = x.double()
+    error = torch.cdist(x, rec.inputs.double()).min(dim=1).values / x.norm(dim=1)
+    assert rec.status == "exact"
+    assert int((error < 1e-4).sum()) == _B
+    assert rec.certified is not None and int(rec.certified.sum()) == _B

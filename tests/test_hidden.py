@@ -9,7 +9,14 @@ import pytest
 import torch
 
 from attacks import SpearConfig, reconstruct
-from attacks.spearpp.hidden import RESIDUAL, confirmed_inputs, hidden_inputs, hidden_space
+from attacks.spearpp.coupled import COUPLING_GAP
+from attacks.spearpp.hidden import (
+    RESIDUAL,
+    confirmed_inputs,
+    hidden_inputs,
+    hidden_space,
+    next_layer_bases,
+)
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.signs import SignGeometry
 from fl_sim.model import fc_relu_net
@@ -208,3 +215,23 @@ def test_another_batchs_next_layer_confirms_nothing() -> None:
     view = _weak_sample(0, 1e-10)
     rec = _attack(view, _weak_sample(1, 1e-10), 0)
     assert int(rec.certified.sum()) == 0 and rec.counts["next_layer_certified"] == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bases_up_to_noise_for_the_coupled_search(seed: int) -> None:
+    """A rank-8 gradient under noise of a thousandth of its entries (a gap of ~200, as float32
+    round-off leaves one): the exact rank test turns it away, the coupled search's gap takes
+    it, and its row space is the noiseless one's up to the noise."""
+    g = torch.Generator().manual_seed(seed)
+    low = torch.randn(60, 8, generator=g, dtype=torch.float64) @ torch.randn(
+        8, 50, generator=g, dtype=torch.float64
+    )
+    noisy = low + 3e-3 * torch.randn(60, 50, generator=g, dtype=torch.float64)
+    bias = torch.zeros(60, dtype=torch.float64)
+    assert next_layer_bases(NextLayer(noisy, bias), 8) is None
+    bases = next_layer_bases(NextLayer(noisy, bias), 8, COUPLING_GAP)
+    assert bases is not None and not bases.exact
+    rows = torch.linalg.svd(low, full_matrices=False).Vh[:8].T
+    assert float(torch.linalg.svdvals(rows.T @ bases.rows).min()) > 0.999
+    exact = next_layer_bases(NextLayer(low, bias), 8)
+    assert exact is not None and exact.exact

@@ -18,6 +18,7 @@ multi-step update's hidden vectors move between steps and fit no B-dimensional s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -57,35 +58,51 @@ def row_space_sketch(grad: torch.Tensor, rank: int, power_iterations: int) -> to
     return sketch
 
 
+class NextBases(NamedTuple):
+    """The next layer's weight gradient G' (k x m) at rank B: orthonormal bases of its column
+    space (``columns``, k x B: the samples' output gradients there) and row space (``rows``,
+    m x B: their hidden vectors), and whether its rank is B exactly (``exact``, see
+    :data:`RANK_GAP`) or only up to noise, such as a float32 client's round-off."""
+
+    columns: torch.Tensor
+    rows: torch.Tensor
+    exact: bool
+
+
 def next_layer_bases(
-    next_layer: NextLayer, batch_size: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Orthonormal bases of the column space (k x B: the samples' output gradients there) and
-    the row space (m x B: their hidden vectors) of the next layer's weight gradient, or
-    ``None`` where its rank is not ``batch_size`` (see :data:`RANK_GAP`).
+    next_layer: NextLayer, batch_size: int, min_gap: float = RANK_GAP
+) -> NextBases | None:
+    """:class:`NextBases` of the next layer's weight gradient, or ``None`` where the gap
+    between its B-th and (B + 1)-th singular values is under ``min_gap`` (see
+    :data:`RANK_GAP`).
 
     The range of G'^T is sketched from random mixes of its columns (k x m with k = m at
     m = 4000: one full SVD costs tens of seconds, the sketch one product): with rank B exactly,
     B + :data:`_OVERSAMPLE` mixes hold the whole row space, and the sketch's (B + 1)-th singular
-    value (no larger than the gradient's own) says whether there is more.
+    value (no larger than the gradient's own) says whether there is more. Under a gap below
+    :data:`RANK_GAP` the mixes also hold noise, which one power iteration takes out.
     """
     grad = next_layer.grad_weight
     if grad.shape[0] < batch_size:
         return None
-    sketch = row_space_sketch(grad, batch_size, power_iterations=0)
-    left, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
-    weakest = float(values[batch_size - 1])
-    after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
-    if weakest <= RANK_GAP * after or weakest <= 0.0:
+    for power in (0, 1):
+        sketch = row_space_sketch(grad, batch_size, power_iterations=power)
+        left, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
+        weakest = float(values[batch_size - 1])
+        after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
+        exact = weakest > RANK_GAP * after and weakest > 0.0
+        if exact or min_gap >= RANK_GAP:
+            break
+    if not (weakest > min_gap * after and weakest > 0.0):
         return None
-    return left[:, :batch_size], sketch @ right[:batch_size].T
+    return NextBases(left[:, :batch_size], sketch @ right[:batch_size].T, exact)
 
 
 def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
     """Orthonormal basis (m x B) of the row space of the next layer's weight gradient, or
     ``None`` where its rank is not ``batch_size`` (see :func:`next_layer_bases`)."""
     bases = next_layer_bases(next_layer, batch_size)
-    return None if bases is None else bases[1]
+    return None if bases is None else bases.rows
 
 
 def hidden_inputs(

@@ -288,6 +288,7 @@ def sign_rounds(
                             found,
                             generator,
                             out_of_time,
+                            found_inputs.exact,
                         ),
                     ]
                 )

@@ -21,7 +21,7 @@ from attacks.spearpp.certify import (
     evict_mismatched,
 )
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.coupled import coupling
+from attacks.spearpp.coupled import COUPLING_GAP, coupling
 from attacks.spearpp.deflate import complement_probes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
@@ -190,12 +190,15 @@ def search_signs(state: SpearState) -> None:
         linear = state.rule.noise_std and obs.bias_share < _BIAS_MATTERS
         bias = None if linear else obs.bias
         state.geom = geom = SignGeometry.build(state.fac.left, state.fac.right, obs.weight, bias)
-        if bias is not None and obs.next_layer is not None:
+        if obs.next_layer is not None:
             # One sketch of the next layer's gradient serves both (its row and column spaces).
-            bases = next_layer_bases(obs.next_layer, b)
+            # The hidden vectors' coordinates need its exact rank and the affine fits; the
+            # coupled search proposes points only, and serves under noise too (float32).
+            bases = next_layer_bases(obs.next_layer, b, COUPLING_GAP)
             if bases is not None:
-                state.hidden = bases[1]
                 state.coupling = coupling(obs.next_layer, b, bases)
+                if bias is not None and bases.exact:
+                    state.hidden = bases.rows
         live = ~obs.silent
         silent = int((~live).sum())
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
