@@ -244,7 +244,7 @@ def sign_rounds(
     # Rows per null step: the default, or first the fewer of few_zero_rows, switched after
     # every idle round and kept while it finds columns.
     rows_options = (few_rows, None)
-    shrunk = 0
+    shrunk = sign_yield = 0
     while len(pool) < batch_size and idle < patience and not out_of_time():
         with harvest.clock.stage("search"):
             found_inputs.update()
@@ -276,21 +276,25 @@ def sign_rounds(
                 whole=_sparse_layer(pool, harvest.left.shape[0]),
                 free_iterations=free,
             )
-            if coupling is not None and config.coupled_starts and not out_of_time():
-                points = torch.cat(
-                    [
-                        points,
-                        coupled_search(
-                            geom,
-                            coupling,
-                            config.coupled_starts,
-                            basis,
-                            found,
-                            generator,
-                            out_of_time,
-                            found_inputs.exact,
-                        ),
-                    ]
+            # Coupled points cost m B^2 an iteration each: they run while the sign starts
+            # find few columns on their own (DP sigma=1e-6, m=4000, B=150, where each round's
+            # 8 sign starts find several: 203 s with them every round, 88 s without).
+            coupled = None
+            if (
+                coupling is not None
+                and config.coupled_starts
+                and 2 * sign_yield < config.coupled_starts
+                and not out_of_time()
+            ):
+                coupled = coupled_search(
+                    geom,
+                    coupling,
+                    config.coupled_starts,
+                    basis,
+                    found,
+                    generator,
+                    out_of_time,
+                    found_inputs.exact,
                 )
             # The guided searches of the last columns cost many rounds' work at large B (at
             # B = 256, m = 4000 one ran 220 s where rounds of random starts found the last 9
@@ -316,7 +320,10 @@ def sign_rounds(
                         ),
                     ]
                 )
-        grew = harvest.propose(geom.to_engine(points))
+        grew = sign_yield = harvest.propose(geom.to_engine(points))
+        if coupled is not None:
+            grew += harvest.propose(geom.to_engine(coupled))
+            starts_run += int(coupled.shape[0])
         # A round that found nothing: the complement of the found ones holds the missing
         # samples' inputs (see complement_columns). Without noise, not while rounds still find
         # columns: at B=100, m=4000 a round of 8 starts costs 0.15 s and finds the last 5, the
