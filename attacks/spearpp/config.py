@@ -39,7 +39,7 @@ class SpearConfig(Settings):
     coupled_starts
         Starts per sign round of the coupled search (see :mod:`attacks.spearpp.coupled`),
         where a one-step update comes with the next layer's weight, in the rounds after one
-        whose sign starts found fewer than half as many columns; 0 turns it off.
+        whose sign starts found no column; 0 turns it off.
     null_step
         How the sign search's null steps find their direction: ``eigh`` (the exact smallest
         eigenvector; on CUDA each call checks its error codes on the host), ``inverse``

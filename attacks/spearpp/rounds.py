@@ -276,14 +276,18 @@ def sign_rounds(
                 whole=_sparse_layer(pool, harvest.left.shape[0]),
                 free_iterations=free,
             )
-            # Coupled points cost m B^2 an iteration each: they run while the sign starts
-            # find few columns on their own (DP sigma=1e-6, m=4000, B=150, where each round's
-            # 8 sign starts find several: 203 s with them every round, 43 s so, seed 0).
+            # Coupled points cost m B^2 an iteration each: they run after a round whose sign
+            # starts found no column (DP sigma=1e-6, m=4000, B=150, where each round's 8 sign
+            # starts find several: 203 s with them every round, 43 s so, seed 0). Under noise
+            # they can also land on a mix the noise-level check passes, so there they wait for
+            # a round that found nothing at all (a float32 client trained 300 steps, B=20,
+            # m=200, seed 4, update as a float64 difference: 0 of 20 certified with them after
+            # every round whose sign starts found none, 20 of 20 without them).
             coupled = None
             if (
                 coupling is not None
                 and config.coupled_starts
-                and 2 * sign_yield < config.coupled_starts
+                and not (sign_yield or (harvest.rule.noise_std and not idle))
                 and not out_of_time()
             ):
                 coupled = coupled_search(
