@@ -85,8 +85,10 @@ def next_layer_bases(
     grad = next_layer.grad_weight
     if grad.shape[0] < batch_size:
         return None
-    for power in (0, 1):
-        sketch = row_space_sketch(grad, batch_size, power_iterations=power)
+    sketch = row_space_sketch(grad, batch_size, power_iterations=0)
+    for refined in (False, True):
+        if refined:  # the power iteration, on the mixes already drawn
+            sketch = torch.linalg.qr(grad.T @ (grad @ sketch)).Q
         left, values, right = torch.linalg.svd(grad @ sketch, full_matrices=False)
         weakest = float(values[batch_size - 1])
         after = float(values[batch_size]) if values.shape[0] > batch_size else 0.0
