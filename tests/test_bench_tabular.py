@@ -58,6 +58,16 @@ def test_min_max_records_whose_samples_leave_few_neurons_inactive(seed: int) -> 
     assert row["dataset"] == "breast-cancer" and row["ssim_mean"] is None
 
 
+def test_min_max_records_whose_weak_columns_carry_amplified_round_off() -> None:
+    """B=25, m=256, seed 2: s_B / s_1 = 1.2e-4, and the true columns' zeros sit at 1e-9 to
+    1.5e-9 of their largest entries, above the float64 floor: counted as active, they kept the
+    next layer's fits off those samples (5 of 25 exact before the round-off's norm entered the
+    zero rule)."""
+    row = run_case(_records_case(25, 256, False), 2, None, Normalization(), torch.float64)
+    assert row["attack"]["status"] == "exact", row["attack"]["reason"]
+    assert row["share_exact"] == 1.0 and row["certified_not_exact"] == 0
+
+
 def test_bad_datasets_are_named() -> None:
     with pytest.raises(ValueError, match="dataset='mnist': allowed are images, breast-cancer"):
         AttackCase("t", 4, 50, dataset="mnist")

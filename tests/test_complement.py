@@ -9,8 +9,9 @@ import torch
 from attacks.spearpp import signs
 from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.factor import factorise
-from attacks.spearpp.refine import ZeroRule, refine_kernel
+from attacks.spearpp.refine import refine_kernel
 from attacks.spearpp.signs import SignGeometry
+from attacks.spearpp.zero_rule import ZeroRule
 from tests.helpers import nested_batch, sign_geometry
 
 

@@ -15,8 +15,8 @@ from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.hidden import hidden_space
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule, zero_mask
 from attacks.spearpp.signs import SignGeometry
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 from fl_sim.model import fc_relu_net
 
 B = 10

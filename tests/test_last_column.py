@@ -9,7 +9,8 @@ import torch
 from attacks import Reconstruction, SpearConfig, reconstruct
 from attacks.spearpp.factor import Factorisation, factorise
 from attacks.spearpp.last_column import LastColumn, last_column
-from attacks.spearpp.refine import ZeroRule, refine_kernel
+from attacks.spearpp.refine import refine_kernel
+from attacks.spearpp.zero_rule import ZeroRule
 from tests.helpers import nested_batch
 
 

@@ -12,7 +12,7 @@ from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.inputs import FLOAT32_PRECISION
 from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule
+from attacks.spearpp.zero_rule import ZeroRule
 from tests.helpers import nested_batch
 from tests.test_last_column import _setting
 

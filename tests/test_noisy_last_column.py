@@ -11,7 +11,7 @@ from attacks.spearpp.factor import Factorisation, factorise
 from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.last_column import noisy_last_column
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule, zero_mask
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 B, M, N = 8, 100, 300
 NOISE = 1e-7

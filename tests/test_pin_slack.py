@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.solve import PIN_SPREAD_EXACT, pin_slack, pin_spread
+from attacks.spearpp.zero_rule import ZeroRule
 
 
 def _columns(seed: int, leak: float) -> tuple[torch.Tensor, torch.Tensor]:

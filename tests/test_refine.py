@@ -6,13 +6,8 @@ import pytest
 import torch
 
 from attacks.spearpp.factor import factorise
-from attacks.spearpp.refine import (
-    ZeroRule,
-    _certify,
-    _null_threshold,
-    canonical_sign,
-    refine_kernel,
-)
+from attacks.spearpp.refine import _certify, _null_threshold, canonical_sign, refine_kernel
+from attacks.spearpp.zero_rule import ZeroRule
 from tests.helpers import observation
 
 

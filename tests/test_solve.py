@@ -7,8 +7,9 @@ import torch
 
 from attacks.spearpp.inputs import LayerObservation, NextLayer
 from attacks.spearpp.next_noise import next_layer_noise, next_layer_weight
-from attacks.spearpp.refine import ZeroRule, canonical_sign
+from attacks.spearpp.refine import canonical_sign
 from attacks.spearpp.solve import complete_basis, solve_inputs
+from attacks.spearpp.zero_rule import ZeroRule
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -9,7 +9,6 @@ import torch
 
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.isolate import isolated_samples
-from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.solve import (
     fits_a_column,
     inactive_noise,
@@ -17,6 +16,7 @@ from attacks.spearpp.solve import (
     solve_inputs,
     stray_zeros,
 )
+from attacks.spearpp.zero_rule import ZeroRule
 
 
 def _binary_layer(seed: int) -> tuple[torch.Tensor, ...]:

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 450
 # Each with the most lines it may have; lower a figure, or drop the line, as a module shrinks.
 OVERSIZED = {
-    "attacks/spearpp/refine.py": 531,
+    "attacks/spearpp/refine.py": 485,
     "attacks/spearpp/signs.py": 520,
     "attacks/spearpp/factor.py": 470,
 }

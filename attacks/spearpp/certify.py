@@ -15,7 +15,6 @@ from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.last_column import settle_uncertain
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.solve import (
     PIN_SPREAD_EXACT,
     QUIET_INACTIVE,
@@ -31,6 +30,7 @@ from attacks.spearpp.solve import (
     stray_zeros,
 )
 from attacks.spearpp.state import SpearState
+from attacks.spearpp.zero_rule import ZeroRule
 
 # |cosine| at which a selected column is one of the last column's uncertain ones.
 SAME_DIRECTION = 1 - 1e-9

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from attacks.spearpp import signs
-from attacks.spearpp.refine import ZeroRule, pin_rows, zero_mask
+from attacks.spearpp.refine import pin_rows
 from attacks.spearpp.signs import (
     MARGIN_NEWTON_STEPS,
     NULL_STEPS,
@@ -26,6 +26,7 @@ from attacks.spearpp.signs import (
     halfspace_agreement,
     null_step_rows,
 )
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 # Directions tried per dimension of the complement (two, +-p, when one column is missing),
 # within a budget of work per call (multiply-adds of the null steps' Gram matrices and of the

@@ -6,8 +6,8 @@ import torch
 
 from attacks.spearpp.harvest import Harvester
 from attacks.spearpp.hidden import RESIDUAL, hidden_inputs
-from attacks.spearpp.refine import zero_mask
 from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs
+from attacks.spearpp.zero_rule import zero_mask
 
 # The next layer's row space is trusted once it holds this many found patterns per one it
 # does not: a multi-step update's (whose rank test can pass by chance) holds none, and the

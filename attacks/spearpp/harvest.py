@@ -14,8 +14,9 @@ from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.last_column import LastColumn, last_column, noisy_last_column
 from attacks.spearpp.last_pair import last_pair
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule, pin_rows, refine_kernel, refiner, zero_mask
+from attacks.spearpp.refine import pin_rows, refine_kernel, refiner
 from attacks.spearpp.signs import halfspace_agreement
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 # A live point is worth refining once its pin_rows-th smallest |L q| is this far below the
 # median: unconverged directions sit near 0.1, converged ones below 1e-3.

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from attacks.spearpp.inputs import LayerObservation
-from attacks.spearpp.refine import ZeroRule, canonical_sign, zero_mask
+from attacks.spearpp.refine import canonical_sign
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 # Singular values of the zero set's rows below this share of the largest are null.
 _NULL_SHARE = 1e-9

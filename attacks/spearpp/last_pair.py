@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from attacks.spearpp.last_column import _NULL_SHARE, _TINY_SCALE, last_column
-from attacks.spearpp.refine import ZeroRule, canonical_sign, zero_mask
+from attacks.spearpp.refine import canonical_sign
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 # A segment whose Gram matrix has an eigenvalue below this share of its mean one is screened in
 # (generous: the Gram squares round-off; each one screened in is checked on its rows).

@@ -15,17 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
+
 # Number of a candidate's smallest rows used to pin its direction: B - 1 pin it, the rest
 # over-determine it, so a wrong direction cannot pass by chance.
 _EXTRA_ROWS_SHARE = 0.25
 _EXTRA_ROWS_MIN = 4
-# The noise floor of an entry of L q is (noise std) x ||S^-1 q||; zeros are taken within this many.
-_NOISE_SIGMAS = 3.0
 _CHUNK = 256
-# Two verified directions this close (|cosine|) are the same column found twice; under noise
-# two estimates of one column differ more.
-SAME_COLUMN_COSINE = 0.999
-SAME_COLUMN_COSINE_NOISY = 0.98
 _MAX_MIX = 4
 # Zeros end at a jump of |L q| this large (log scale, e^3 = 20x): a true column's zeros sit
 # many orders below its entries, an unconverged point shows no such jump.
@@ -82,42 +78,6 @@ def pin_rows(batch_size: int) -> int:
 
 
 @dataclass(frozen=True)
-class ZeroRule:
-    """When an entry of L q counts as zero.
-
-    Attributes
-    ----------
-    relative
-        Floor relative to max |L q|: the gradient's round-off, or the user's ``zero_tol``.
-    noise_std
-        Per-entry std of noise added to the gradient (0 when none was declared).
-    inverse_singular
-        1 / S of the factorisation, mapping a direction to the size of its noise.
-    """
-
-    relative: float
-    noise_std: float
-    inverse_singular: torch.Tensor
-
-    @property
-    def same_column_cosine(self) -> float:
-        """|cosine| above which two directions are one column."""
-        return SAME_COLUMN_COSINE_NOISY if self.noise_std else SAME_COLUMN_COSINE
-
-    def entry_std(self, q: torch.Tensor) -> torch.Tensor:
-        """Std of the noise on each entry of L q, per row of ``q`` (c x B); 0 without noise."""
-        std: torch.Tensor = self.noise_std * (q * self.inverse_singular).norm(dim=1)
-        return std
-
-    def tolerance(self, q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Absolute zero tolerance per row of ``q`` (c x B) with ``y = q L^T`` (c x m)."""
-        tol = self.relative * y.abs().amax(dim=1)
-        if self.noise_std:
-            tol = torch.maximum(tol, _NOISE_SIGMAS * self.entry_std(q))
-        return tol
-
-
-@dataclass(frozen=True)
 class Candidates:
     """Directions proposed as columns of Q, each with how well it was verified.
 
@@ -171,12 +131,6 @@ def canonical_sign(q: torch.Tensor) -> torch.Tensor:
     q = q / q.norm(dim=1, keepdim=True)
     pivot = q.gather(1, q.abs().argmax(dim=1, keepdim=True))
     return q * torch.sign(pivot)
-
-
-def zero_mask(left: torch.Tensor, q: torch.Tensor, rule: ZeroRule) -> torch.Tensor:
-    """Which entries of L q (c x m) count as zero under ``rule``, for directions ``q`` (c x B)."""
-    y = q @ left.T
-    return y.abs() <= rule.tolerance(q, y)[:, None]
 
 
 def _count_zeros(left: torch.Tensor, q: torch.Tensor, rule: ZeroRule) -> torch.Tensor:

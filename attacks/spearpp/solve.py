@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from attacks.spearpp.inputs import LayerObservation
-from attacks.spearpp.refine import ZeroRule, canonical_sign, zero_mask
+from attacks.spearpp.refine import canonical_sign
+from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 # Highest mean square, in noise variances, of a column on its sample's inactive neurons for the
 # column to count as zero there (see inactive_noise).

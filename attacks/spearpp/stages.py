@@ -29,7 +29,6 @@ from attacks.spearpp.hidden import next_layer_bases
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.next_noise import next_layer_weight
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.rounds import (
     budget_clock,
     complement_round,
@@ -43,6 +42,7 @@ from attacks.spearpp.search import random_starts, run_search
 from attacks.spearpp.signs import SignGeometry
 from attacks.spearpp.solve import Solution, complete_basis, greedy_select, solve_inputs
 from attacks.spearpp.state import SpearState
+from attacks.spearpp.zero_rule import ZeroRule
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,15 @@ def nothing_to_attack(
     )
 
 
+def _roundoff_norm(fac: Factorisation) -> float:
+    """:attr:`ZeroRule.roundoff`: the largest singular value beyond B where the gradient
+    carries neither noise nor fitted float32 round-off (both enter the rule as noise)."""
+    values = fac.singular_values
+    if fac.noise_std or fac.roundoff_std or values.shape[0] <= fac.batch_size:
+        return 0.0
+    return float(values[fac.batch_size])
+
+
 def prepared(
     obs: LayerObservation,
     config: SpearConfig,
@@ -148,6 +157,7 @@ def prepared(
         # Factorisation.roundoff_std): every check works as under noise of that level.
         noise_std=float(noise_std or 0.0) or fac.roundoff_std,
         inverse_singular=1.0 / fac.singular_values[:b],
+        roundoff=_roundoff_norm(fac),
     )
     pool = ColumnPool(b, obs.grad_weight.device, spares=2 * b, same_cosine=rule.same_column_cosine)
     search_left = left.to(getattr(torch, config.search_dtype))

@@ -14,9 +14,9 @@ from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.pool import ColumnPool
-from attacks.spearpp.refine import ZeroRule
 from attacks.spearpp.signs import SignGeometry
 from attacks.spearpp.solve import Solution
+from attacks.spearpp.zero_rule import ZeroRule
 
 
 @dataclass
