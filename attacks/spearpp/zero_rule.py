@@ -28,7 +28,7 @@ class ZeroRule:
     inverse_singular
         1 / S of the factorisation, mapping a direction to the size of its noise.
     roundoff
-        Without noise, the spectrum's largest singular value beyond B (the norm of the
+        Without noise, the level of the spectrum's bulk beyond B (about the norm of the
         gradient's round-off off its rank), or 0. The round-off moves L q by up to
         ``roundoff`` x |S^-1 q|, which along weak singular values can pass the relative floor:
         min-max scaled tabular records (B=25, m=256, s_B / s_1 = 1.2e-4, s_B+1 / s_1 = 1.7e-12)
