@@ -125,7 +125,7 @@ def nothing_to_attack(
     )
 
 
-def _roundoff_norm(fac: Factorisation) -> float:
+def _roundoff_level(fac: Factorisation) -> float:
     """:attr:`ZeroRule.roundoff`: the level of the spectrum's bulk beyond B, where the gradient
     carries neither noise nor fitted float32 round-off (both enter the rule as noise). The
     median of the values past B, not the first: samples too weak for the rank's floor sit
@@ -160,7 +160,7 @@ def prepared(
         # Factorisation.roundoff_std): every check works as under noise of that level.
         noise_std=float(noise_std or 0.0) or fac.roundoff_std,
         inverse_singular=1.0 / fac.singular_values[:b],
-        roundoff=_roundoff_norm(fac),
+        roundoff=_roundoff_level(fac),
     )
     pool = ColumnPool(b, obs.grad_weight.device, spares=2 * b, same_cosine=rule.same_column_cosine)
     search_left = left.to(getattr(torch, config.search_dtype))
