@@ -278,7 +278,9 @@ def sign_rounds(
             )
             # Coupled points cost m B^2 an iteration each: they run after a round whose sign
             # starts found no column (DP sigma=1e-6, m=4000, B=150, where each round's 8 sign
-            # starts find several: 203 s with them every round, 43 s so, seed 0). Under noise
+            # starts find several: 203 s with them every round, 43 s so, seed 0), so not in
+            # the first round (centred images, m=1000, B=100: 8 points there cost 1.9 of its
+            # 4.4 s, where the sign starts found every column in 15 rounds). Under noise
             # they can also land on a mix the noise-level check passes, so there they wait for
             # a round that found nothing at all (a float32 client trained 300 steps, B=20,
             # m=200, seed 4, update as a float64 difference: 0 of 20 certified with them after
@@ -287,6 +289,7 @@ def sign_rounds(
             if (
                 coupling is not None
                 and config.coupled_starts
+                and rounds
                 and not (sign_yield or (harvest.rule.noise_std and not idle))
                 and not out_of_time()
             ):
