@@ -252,16 +252,21 @@ def test_declared_batch_size_wins() -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize(("weakest", "rank"), [(3e-10, 8), (1e-11, 8), (1e-17, 7)])
-def test_a_float64_sample_under_the_floor_counts_where_a_gap_parts_it_from_round_off(
-    seed: int, weakest: float, rank: int
+@pytest.mark.parametrize(
+    ("weakest", "rank"),
+    [((3e-10,), 8), ((1e-11,), 8), ((1e-17,), 7), ((1e-11, 3e-14), 8), ((1e-11, 3e-13), 9)],
+)
+def test_a_float64_sample_under_the_floor_counts_where_it_stands_clear_of_round_off(
+    seed: int, weakest: tuple[float, ...], rank: int
 ) -> None:
-    """Seven samples and one ``weakest`` times as strong (a memorised sample): under the 1e-9
-    floor, it counts while a gap of 1e3 parts it from float64's round-off, not once it sits
-    in it."""
+    """Seven samples and weaker ones (memorised samples), ``weakest`` times as strong: under
+    the 1e-9 floor, each counts while it stands 1e3 times above float64's round-off bulk (here
+    near 1e-16 of s_1), wherever the next weaker one sits: not once it sits in the bulk (1e-17)
+    or too close to it (3e-14, 250 times above)."""
     gen = torch.Generator().manual_seed(seed)
-    up = torch.randn(8, 300, generator=gen, dtype=torch.float64)
-    up[7] *= weakest
-    gw = up.T @ torch.randn(8, 500, generator=gen, dtype=torch.float64)
+    up = torch.randn(7 + len(weakest), 300, generator=gen, dtype=torch.float64)
+    for i, scale in enumerate(weakest):
+        up[7 + i] *= scale
+    gw = up.T @ torch.randn(up.shape[0], 500, generator=gen, dtype=torch.float64)
     fac = factorise(gw, batch_size=None, noise_std=None, precision=1e-9, generator=_gen())
     assert (fac.batch_size, fac.method) == (rank, "float-rank")
