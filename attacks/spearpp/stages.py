@@ -221,17 +221,7 @@ def search_signs(state: SpearState) -> None:
         # where without noise they verified mixes of a 3-class layer's columns that left its
         # batch at 1 of 240 samples exact (14 with the default).
         first_rows = few_rows if state.rule.noise_std else None
-        # Where the live rows follow without noise and leave each sample room for the default
-        # null steps (no fewer rows), the first try is the sign starts' alone: coupled points
-        # found a few columns a round there and kept it from stalling, at 0.6 s a round where
-        # the live rows' sign starts find as many in 0.1 s ([0, 1] pixels, B=50, m=1000,
-        # depth 3: search 5.3 s with them, 0.9 s without). Where the live rows are few the
-        # coupled points on every row find columns the live rows' search does not (B=45, m=200,
-        # depth 6: 5.3 s with them, 16 s without), and under noise too (a float32 client,
-        # un-centred, B=40, m=200: 12 of 40 columns in 60 s without them; with, 40 in 22 s).
-        ample = bool(silent) and few_rows is None and not state.rule.noise_std
-        first_coupling = None if ample else state.coupling
-        views: list[View] = [(geom, state.hidden, first_rows, first_coupling)]
+        views: list[View] = [(geom, state.hidden, first_rows, state.coupling)]
         if silent:
             # Then on the neurons some sample activated (LayerObservation.silent): silent rows
             # vanish in every direction, yet they are the deepest rows of every sample's
