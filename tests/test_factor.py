@@ -42,6 +42,23 @@ def test_float_rank_finds_batch_size(b: int, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_float64_round_off_past_a_large_batch_is_no_noise(seed: int) -> None:
+    """B beyond the first probes' reach, singular values falling steadily (a trained network's
+    weak samples): the bulk fitted to the first probes held samples, and the round-off past B
+    is not undeclared noise (it sent the search down its noisy path)."""
+    g = torch.Generator().manual_seed(seed)
+    b, m, n = 150, 1000, 1200
+    left = torch.linalg.qr(torch.randn(m, b, generator=g, dtype=torch.float64)).Q
+    right = torch.linalg.qr(torch.randn(n, b, generator=g, dtype=torch.float64)).Q
+    values = torch.logspace(0, -6, b, dtype=torch.float64)
+    gw = (left * values) @ right.T
+    fac = factorise(gw, batch_size=None, noise_std=None, precision=1e-9, generator=_gen())
+    assert (fac.batch_size, fac.method) == (b, "float-rank")
+    assert fac.noise_std == 0.0
+    assert not fac.undeclared_noise
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_randomised_factor_matches_full_svd(seed: int) -> None:
     gw = _gradient(25, 400, 600, seed)
     fast = factorise(gw, batch_size=None, noise_std=None, precision=1e-9, generator=_gen())

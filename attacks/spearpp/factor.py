@@ -366,6 +366,12 @@ def factorise(
                 generator.set_state(state)
                 continue
             rank, method, threshold = int((s > floor).sum()), "float-rank", floor
+            # The spectrum reaches the round-off within these k values: a bulk fitted to fewer
+            # of them held samples, not noise (a float64 gradient, B=150, m=1000, 1000 SGD
+            # steps: the bulk fitted at k=120 was kept, refitted to the round-off past B and
+            # taken as undeclared noise of 1.5e-17 of s_1, which sent the search down its
+            # noisy path: 127 of 150 columns in 120 s where the same batch is exact in 10 s).
+            bulk = None
             if not float32:
                 rank, threshold = weak_rank(s, rank, threshold)
             if float32 and rank < k:
