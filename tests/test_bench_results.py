@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fl_sim.bench.results import load_targets, render, stale_folders
+from fl_sim.bench.results import Target, load_targets, render, run_target, stale_folders
 from fl_sim.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +34,21 @@ def test_the_command_writes_the_table(tmp_path: Path) -> None:
     assert out.read_text() == (ROOT / "docs" / "results.md").read_text()
     with pytest.raises(SystemExit, match="--run nope: no such row; rows: certificates, "):
         main([*argv, "--out", str(out), "--run", "nope"])
+
+
+def test_a_re_run_replaces_the_folder_and_a_failed_one_keeps_it(tmp_path: Path) -> None:
+    folder = tmp_path / "limits"
+    folder.mkdir()
+    (folder / "rows.jsonl").write_text('{"stale": true}\n')
+    sweep = str(RESULTS / "sweep-m200")
+    good = Target(
+        name="limits", kind="limits", what="w", args=("bench", "limits", sweep), data=False
+    )
+    assert run_target(good, tmp_path, None) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["limit.png", "summary.md", "sweep.json"]
+    bad = good.model_copy(update={"args": ("bench", "limits", str(tmp_path / "none"))})
+    assert run_target(bad, tmp_path, None) != 0
+    assert sorted(p.name for p in folder.iterdir()) == ["limit.png", "summary.md", "sweep.json"]
 
 
 def test_bad_rows_are_refused_naming_the_key_and_what_is_allowed(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -72,23 +73,25 @@ def load_targets(path: Path) -> tuple[Target, ...]:
 
 
 def run_target(target: Target, results: Path, data: str | None) -> int:
-    """Run ``target``'s command into its folder (its own process, so that the folder records
-    the command as typed); returns its exit status."""
+    """Run ``target``'s command into a fresh folder (its own process, so that the folder
+    records the command as typed), which replaces the row's folder once the command succeeds;
+    returns its exit status. The benches append to a folder's ``rows.jsonl``, so a re-run into
+    the old folder mixed both runs' rows in the table; a command that fails or is killed
+    leaves the old folder as it was, and the partial one beside it."""
     if not target.args:
         raise ValueError(f"row {target.name!r} has no command (args): its folder is kept by hand")
     if target.data and data is None:
         raise ValueError(f"row {target.name!r} needs --data (CIFAR-10: .npz or folder)")
-    command = [
-        sys.executable,
-        "-m",
-        "fl_sim.cli",
-        *target.args,
-        "--out",
-        str(results / target.name),
-    ]
+    fresh = results / f".{target.name}.partial"
+    shutil.rmtree(fresh, ignore_errors=True)
+    command = [sys.executable, "-m", "fl_sim.cli", *target.args, "--out", str(fresh)]
     if target.data:
         command += ["--data", str(data)]
-    return subprocess.run(command, check=False).returncode
+    code = subprocess.run(command, check=False).returncode
+    if code == 0:
+        shutil.rmtree(results / target.name, ignore_errors=True)
+        fresh.replace(results / target.name)
+    return code
 
 
 def render(targets: Sequence[Target], results: Path) -> str:
