@@ -365,13 +365,8 @@ def factorise(
                 noisy = True
                 generator.set_state(state)
                 continue
-            rank, method, threshold = int((s > floor).sum()), "float-rank", floor
-            # The spectrum reaches the round-off within these k values: a bulk fitted to fewer
-            # of them held samples, not noise (a float64 gradient, B=150, m=1000, 1000 SGD
-            # steps: the bulk fitted at k=120 was kept, refitted to the round-off past B and
-            # taken as undeclared noise of 1.5e-17 of s_1, which sent the search down its
-            # noisy path: 127 of 150 columns in 120 s where the same batch is exact in 10 s).
-            bulk = None
+            # The round-off lies within these k values: a bulk fitted to fewer held samples.
+            rank, method, threshold, bulk = int((s > floor).sum()), "float-rank", floor, None
             if not float32:
                 rank, threshold = weak_rank(s, rank, threshold)
             if float32 and rank < k:
@@ -416,6 +411,7 @@ def factorise(
     estimated = bulk.std if bulk is not None else None
     undeclared = estimated is not None and estimated > UNDECLARED_FACTOR * declared
     used = estimated if (undeclared and estimated is not None) else declared
+    tail_above = rank < s.shape[0] and float(s[rank]) > floor
     if method == "declared":
         confidence = 1.0
         spectrum = {"gap": float(s[rank - 1] / s[rank])} if rank < s.shape[0] else {}
@@ -442,7 +438,7 @@ def factorise(
         undeclared_noise=undeclared,
         confidence=confidence,
         spectrum=spectrum,
-        note=_note(noise_std, estimated, undeclared, float(s[0]), _tail_above(s, rank, floor))
+        note=_note(noise_std, estimated, undeclared, float(s[0]), tail_above)
         + (
             f"; float32 round-off taken as noise of std {roundoff.std:.3g} per entry (fitted to "
             "the spectrum's tail)"
@@ -451,10 +447,6 @@ def factorise(
         ),
         roundoff_std=roundoff.std if roundoff is not None else 0.0,
     )
-
-
-def _tail_above(s: torch.Tensor, rank: int, floor: float) -> bool:
-    return rank < s.shape[0] and float(s[rank]) > floor
 
 
 def _note(
