@@ -78,6 +78,8 @@ def test_undefended_client_comes_back_exactly_every_round(tmp_path: Path) -> Non
     assert "exact 3" in report  # the summary table's status count for client 0
 
 
+# 99 s of the default run's 22 min: run with -m slow.
+@pytest.mark.slow
 def test_audit_does_not_change_the_global_model(tmp_path: Path) -> None:
     raw: dict[str, Any] = {
         "rounds": 2,

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from fl_sim.config import parse_scenario
 from fl_sim.run import run_scenario
 
 
+# 89 s of the default run's 22 min: run with -m slow.
+@pytest.mark.slow
 def test_three_defences_two_rounds(tmp_path: Path) -> None:
     raw = {
         "name": "e2e",
