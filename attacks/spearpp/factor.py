@@ -336,10 +336,13 @@ def factorise(
     noisy = bool(declared)
     float32 = precision >= FLOAT32_PRECISION
     k = min(full, (batch_size or 112) + _OVERSAMPLE)
-    bulk: NoiseBulk | None = None
+    bulk: NoiseBulk | None
     # A float32 gradient's round-off, fitted as a bulk beyond the rank (see roundoff_std).
     roundoff: NoiseBulk | None = None
     while True:
+        # Each pass fits its own bulk: one fitted to fewer probes may hold samples (B=150 past
+        # k=120, a trained network's falling spectrum, read as undeclared noise once kept).
+        bulk = None
         state = generator.get_state()
         u, s, vh, outside = _top_svd(grad_weight, k, generator, power_iters=2 if noisy else 0)
         at_full = k >= full
@@ -365,8 +368,7 @@ def factorise(
                 noisy = True
                 generator.set_state(state)
                 continue
-            # The round-off lies within these k values: a bulk fitted to fewer held samples.
-            rank, method, threshold, bulk = int((s > floor).sum()), "float-rank", floor, None
+            rank, method, threshold = int((s > floor).sum()), "float-rank", floor
             if not float32:
                 rank, threshold = weak_rank(s, rank, threshold)
             if float32 and rank < k:
