@@ -4,6 +4,7 @@ docs/results.md exactly what `fl-sim bench results` writes from them."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,26 @@ def test_a_re_run_replaces_the_folder_and_a_failed_one_keeps_it(tmp_path: Path) 
     bad = good.model_copy(update={"args": ("bench", "limits", str(tmp_path / "none"))})
     assert run_target(bad, tmp_path, None) != 0
     assert sorted(p.name for p in folder.iterdir()) == ["limit.png", "summary.md", "sweep.json"]
+
+
+def test_a_re_run_records_the_folder_it_lands_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bench(command: list[str], check: bool) -> subprocess.CompletedProcess[bytes]:
+        out = Path(command[command.index("--out") + 1])
+        out.mkdir()
+        (out / "summary.md").write_text(f"command: `fl-sim {' '.join(command[3:])}`\n")
+        (out / "limit.png").write_bytes(b"--out " + str(out).encode())
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", bench)
+    row = Target(name="r", kind="limits", what="w", args=("bench", "limits", "x"), data=False)
+    assert run_target(row, tmp_path, None) == 0
+    assert (tmp_path / "r" / "summary.md").read_text() == (
+        f"command: `fl-sim bench limits x --out {tmp_path / 'r'}`\n"
+    )
+    # Only the text records are rewritten, never an image.
+    assert b".r.partial" in (tmp_path / "r" / "limit.png").read_bytes()
 
 
 def test_bad_rows_are_refused_naming_the_key_and_what_is_allowed(tmp_path: Path) -> None:

@@ -89,8 +89,13 @@ def run_target(target: Target, results: Path, data: str | None) -> int:
         command += ["--data", str(data)]
     code = subprocess.run(command, check=False).returncode
     if code == 0:
-        shutil.rmtree(results / target.name, ignore_errors=True)
-        fresh.replace(results / target.name)
+        final = results / target.name
+        # The command recorded in the results names the folder it wrote, the partial one.
+        for record in fresh.iterdir():
+            if record.suffix in {".md", ".json", ".jsonl"}:
+                record.write_text(record.read_text().replace(str(fresh), str(final)))
+        shutil.rmtree(final, ignore_errors=True)
+        fresh.replace(final)
     return code
 
 
