@@ -1,5 +1,5 @@
 """The pool's samples' input coordinates: exact from the next layer, a verified mix evicted once
-the row space is trusted, max-margin fits otherwise."""
+the row space is trusted and its rank is B exactly, max-margin fits otherwise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.factor import Factorisation, factorise
 from attacks.spearpp.found_inputs import FoundInputs
 from attacks.spearpp.harvest import Clock, Harvester
-from attacks.spearpp.hidden import hidden_space
+from attacks.spearpp.hidden import next_layer_bases
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.signs import SignGeometry
@@ -56,7 +56,10 @@ def _setting(
 
 
 def _found(
-    seed: int, columns: Callable[[torch.Tensor], torch.Tensor], hidden: bool = True
+    seed: int,
+    columns: Callable[[torch.Tensor], torch.Tensor],
+    hidden: bool = True,
+    exact_rank: bool = True,
 ) -> tuple[FoundInputs, ColumnPool, torch.Tensor, torch.Tensor]:
     fac, geom, truth, coords, nxt, rule = _setting(seed)
     pool = ColumnPool(B, truth.device, spares=2 * B, same_cosine=rule.same_column_cosine)
@@ -65,7 +68,11 @@ def _found(
         pool.admit(column, zero_mask(fac.left, column[None], rule).sum())
     gen = torch.Generator().manual_seed(seed)
     harvest = Harvester(fac.left, fac.left, rule, SpearConfig(), pool, Clock(), gen)
-    found = FoundInputs(harvest, geom, hidden_space(nxt, B) if hidden else None, B)
+    bases = next_layer_bases(nxt, B)
+    assert bases is not None and bases.exact
+    if not exact_rank:  # as where the faintest samples fade into the round-off
+        bases = bases._replace(exact=False)
+    found = FoundInputs(harvest, geom, bases if hidden else None, B)
     found.update()
     return found, pool, truth, coords
 
@@ -89,6 +96,16 @@ def test_exact_coordinates_and_a_verified_mix_evicted(seed: int) -> None:
     # Not banned: the columns it mixes stay reachable.
     assert not bool(pool.near_found(truth[7:9], 0.999).any())
     assert found.basis is not None and found.basis.shape == (B, 7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_row_space_of_no_exact_rank_gives_exact_coordinates_and_evicts_nothing(
+    seed: int,
+) -> None:
+    found, pool, truth, coords = _found(seed, _and_a_mix(7), exact_rank=False)
+    assert len(pool) == 8 and not found.exact
+    torch.testing.assert_close(pool.columns[:7], truth[:7])
+    torch.testing.assert_close(found.inputs[:7], coords[:7], rtol=1e-8, atol=1e-8)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -159,7 +159,7 @@ def certified(state: SpearState) -> Reconstruction:
         # The next layer's row space confirms each input apart from the other columns (see
         # confirmed_inputs): a missing or loosely pinned column no longer withholds the rest.
         with clock.stage("solve"):
-            from_space, held, agree_both = confirmed_inputs(inputs, geom, fac.right, space)
+            from_space, held, agree_both = confirmed_inputs(inputs, geom, fac.right, space.rows)
         fresh = agree_both.to(certified.device) & ~certified
         replace = (held.to(certified.device) & ~certified).to(inputs.device)
         inputs = torch.where(replace[:, None], from_space, inputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attacks.spearpp.harvest import Harvester
-from attacks.spearpp.hidden import RESIDUAL, hidden_inputs
+from attacks.spearpp.hidden import RESIDUAL, NextBases, hidden_inputs
 from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs
 from attacks.spearpp.zero_rule import zero_mask
 
@@ -20,15 +20,19 @@ class FoundInputs:
 
     Max-margin fits to each column's activity pattern, or, with the next layer's row space
     (``hidden``, see :mod:`attacks.spearpp.hidden`; given only where the geometry's fits are
-    affine, since it holds D (A p + b)), the exact coordinates of every pattern it holds. Once
-    it holds most, a verified column whose pattern it does not hold is no sample's: a mix the
-    pool verified (B=150, m=1000, a converged network: one, 30 neurons off the nearest
-    sample's pattern, held the rounds at 140 of 150), and is evicted. Then every estimate is
-    exact, and so is the complement the rounds search.
+    affine, since it holds D (A p + b)), the exact coordinates of every pattern it holds. Where
+    the row space's rank is B exactly (``NextBases.exact``) and it holds most, a verified
+    column whose pattern it does not hold is no sample's: a mix the pool verified (B=150,
+    m=1000, a converged network: one, 30 neurons off the nearest sample's pattern, held the
+    rounds at 140 of 150), and is evicted. Then every estimate is exact, and so is the
+    complement the rounds search. Where samples fade into the round-off instead (memorised
+    networks: B_hat short of B, no gap at it), the row space still holds the hidden vectors
+    of all but the faintest found samples, but not holding a pattern proves nothing: nothing
+    is evicted.
     """
 
     def __init__(
-        self, harvest: Harvester, geom: SignGeometry, hidden: torch.Tensor | None, b: int
+        self, harvest: Harvester, geom: SignGeometry, hidden: NextBases | None, b: int
     ) -> None:
         self._harvest, self._geom, self._hidden, self._b = harvest, geom, hidden, b
         pool = harvest.pool
@@ -57,14 +61,15 @@ class FoundInputs:
         if self._hidden is None:
             estimates = fit_inputs(geom.affine(), active)[:, : self._b]
         else:
-            estimates, residual = hidden_inputs(geom.affine(), active, self._hidden)
+            estimates, residual = hidden_inputs(geom.affine(), active, self._hidden.rows)
             held = residual < RESIDUAL
             if not bool(held.all()):
                 estimates[~held] = fit_inputs(geom.affine(), active[~held])[:, : self._b]
         self.inputs = torch.cat([self.inputs, estimates])
         self._held = torch.cat([self._held, held])
         off = ~self._held
-        if self._hidden is not None and bool(off.any()) and self._trusted(int(off.sum())):
+        evicts = self._hidden is not None and self._hidden.exact
+        if evicts and bool(off.any()) and self._trusted(int(off.sum())):
             # Not banned: a ban drops points near the mix, and one mixing in a small share of
             # another column lies near its main column (m=200 trained 60 epochs, B=20: banned,
             # 1 and 2 of 20 samples exact; evicted alone, 20 and 17, as without evicting).

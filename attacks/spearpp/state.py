@@ -12,6 +12,7 @@ import torch
 from attacks.spearpp.config import SpearConfig
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
+from attacks.spearpp.hidden import NextBases
 from attacks.spearpp.inputs import LayerObservation
 from attacks.spearpp.pool import ColumnPool
 from attacks.spearpp.signs import SignGeometry
@@ -47,8 +48,9 @@ class SpearState:
     harvest: Harvester
     out_of_time: Callable[[], bool]
     geom: SignGeometry | None = None
-    # The next layer's row space where it holds the hidden vectors (attacks.spearpp.hidden).
-    hidden: torch.Tensor | None = None
+    # The next layer's bases where its row space holds the hidden vectors
+    # (attacks.spearpp.hidden).
+    hidden: NextBases | None = None
     # K of the coupled search where the next layer's weight is known (attacks.spearpp.coupled).
     coupling: torch.Tensor | None = None
     sign_rounds: int = 0
