@@ -214,11 +214,11 @@ def complement_round(
 
 
 def round_starts(
-    geom: SignGeometry, count: int, generator: torch.Generator, engine_rows: bool
+    geom: SignGeometry, count: int, generator: torch.Generator, noiseless: bool
 ) -> torch.Tensor:
     """``count`` random starts of a sign round (search coordinates): uniform on the sphere of
-    the search's coordinates, and where the null steps run in the engine's (v = S q), half of
-    them uniform on the sphere there instead.
+    the search's coordinates, and for a ``noiseless`` gradient half of them uniform on the
+    sphere of the engine's coordinates (v = S q) instead.
 
     A point's labels are the sizes of L q = U S q, so a step of a few degrees in the search's
     coordinates swamps a weak sample's column, and starts uniform there land near the
@@ -231,10 +231,11 @@ def round_starts(
     starts cost a small layer its certificates (n=20, m=80, 3 classes, B=12, 20 seeds: 10
     samples exact and none certified, where search-uniform starts got 14 and 12; half of each
     25 and 24). Noisy gradients keep search-uniform starts: their weakest directions are the
-    noisiest.
+    noisiest (a float32 client's update as the float64 difference of its weights, noise too
+    faint to leave the rows of U: seed 5 fell under 85% near-exact with them).
     """
     starts = random_starts(count, geom.left.shape[1], generator)
-    if not engine_rows:
+    if not noiseless:
         return starts
     half = count // 2
     return torch.cat([geom.to_search(starts[:half]), starts[half:]])
@@ -281,7 +282,8 @@ def sign_rounds(
             # widen the next one, and a success narrows it again.
             widen = min(2**idle, _SIGN_WIDEN_MAX)
             engine_rows = harvest.engine_rows
-            starts = round_starts(geom, config.sign_starts * widen, generator, engine_rows)
+            noiseless = not harvest.rule.noise_std
+            starts = round_starts(geom, config.sign_starts * widen, generator, noiseless)
             found = geom.to_search(pool.columns) if len(pool) else None
             # Once every found sample's coordinates are exact (from the next layer) the
             # complement holds just the missing columns: no free iterations, whose points fall
