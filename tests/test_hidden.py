@@ -19,6 +19,7 @@ from attacks.spearpp.hidden import (
 )
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.signs import SignGeometry
+from attacks.spearpp.solve import STRAY_MAX
 from fl_sim.model import fc_relu_net
 from tests.helpers import sgd_steps
 
@@ -232,3 +233,28 @@ def test_bases_up_to_noise_for_the_coupled_search(seed: int) -> None:
     assert float(torch.linalg.svdvals(rows.T @ bases.rows).min()) > 0.999
     exact = next_layer_bases(NextLayer(low, bias), 8)
     assert exact is not None and exact.exact
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_zeros_on_active_neurons_leave_the_row_space_to_certify(seed: int) -> None:
+    """Sample 0's column vanishes on a third of the neurons its input activates (as a mix's
+    does), so no sample is certified through its column; the next layer's row space still
+    confirms each input on its own: all twelve with this batch's next layer (the batch is
+    then exact), none with another's."""
+    view = _weak_sample(seed, 1.0)
+    gen = torch.Generator().manual_seed(seed + 100)
+    pre = view["x"] @ view["weight"].T + view["bias"]
+    silent = (pre[0] > 0) & (torch.rand(pre.shape[1], generator=gen) < 1 / 3)
+    dz = torch.linalg.lstsq(view["x"].T, view["grad_weight"].T).solution  # B x m, exact
+    dz[0, silent] = 0.0
+    view = view | {"grad_weight": dz.T @ view["x"], "grad_bias": dz.sum(0)}
+    for nxt, certified in ((view, 12), (_weak_sample(seed + 1, 1.0), 0)):
+        rec = _attack(view, nxt, seed)
+        assert float(rec.stray_zeros[0]) > STRAY_MAX
+        if not certified:
+            assert rec.reason.startswith("not identifiable from this update"), rec.reason
+        assert rec.status == ("exact" if certified else "partial")
+        assert int(rec.certified.sum()) == certified
+        assert rec.counts["next_layer_certified"] == certified
+        error = (rec.inputs[:, None] - view["x"][None]).norm(dim=2).amin(dim=1)
+        assert bool((error[rec.certified] < 1e-10 * float(view["x"].norm())).all())

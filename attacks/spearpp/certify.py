@@ -155,9 +155,10 @@ def certified(state: SpearState) -> Reconstruction:
     mixed = found >= b and not consistent
     confirmed = 0
     geom, space = state.geom, state.hidden
-    if geom is not None and space is not None and certifying and not (exact or mixed or coarse):
+    if geom is not None and space is not None and certifying and not (exact or coarse):
         # The next layer's row space confirms each input apart from the other columns (see
-        # confirmed_inputs): a missing or loosely pinned column no longer withholds the rest.
+        # confirmed_inputs): a missing or loosely pinned column no longer withholds the rest,
+        # nor does a mix, which corrupts inputs that then fit no hidden vector of the batch.
         with clock.stage("solve"):
             from_space, held, agree_both = confirmed_inputs(inputs, geom, fac.right, space.rows)
         fresh = agree_both.to(certified.device) & ~certified
@@ -238,8 +239,8 @@ def _reason(
             f"{int((stray > STRAY_MAX).sum())} samples' zeros fall on neurons their inputs "
             f"activate at the sent weights (up to {float(stray.max()):.2f} of them), as a mix "
             "of columns does where the output gradients are dependent (few classes above one "
-            "hidden layer), or local training that drifted far from the sent weights; nothing "
-            "is certified"
+            "hidden layer), or local training that drifted far from the sent weights; no "
+            "sample is certified through its column"
         )
     reason = (
         f"{min(found, b)} of {b} columns verified, {int(certified.sum())} samples certified, "
