@@ -12,6 +12,7 @@ from attacks import SpearConfig, reconstruct
 from attacks.spearpp.coupled import COUPLING_GAP
 from attacks.spearpp.hidden import (
     RESIDUAL,
+    InputSpan,
     confirmed_inputs,
     hidden_inputs,
     hidden_space,
@@ -129,7 +130,7 @@ def _geometry(x: torch.Tensor, affine: torch.Tensor) -> tuple[SignGeometry, torc
 def test_the_row_space_confirms_every_true_input(seed: int) -> None:
     x, affine, _, space = _spanned(seed)
     geom, right = _geometry(x, affine)
-    found, held, confirmed = confirmed_inputs(x, geom, right, space)
+    found, held, confirmed = confirmed_inputs(x, InputSpan.of(geom, right), space)
     assert bool(held.all()) and bool(confirmed.all())
     torch.testing.assert_close(found, x, rtol=1e-8, atol=1e-8)
 
@@ -146,7 +147,7 @@ def test_a_blend_is_refused_and_a_nearly_right_input_corrected_but_not_confirmed
     given[2] = x[2] + 1e-4 * x[2].norm() * torch.nn.functional.normalize(x[3] - x[4], dim=0)
     weight, bias = affine[:, :-1], affine[:, -1]
     assert bool((((given[2] @ weight.T + bias) > 0) == ((x[2] @ weight.T + bias) > 0)).all())
-    found, held, confirmed = confirmed_inputs(given, geom, right, space)
+    found, held, confirmed = confirmed_inputs(given, InputSpan.of(geom, right), space)
     assert not bool(held[0]) and not bool(confirmed[0])
     assert bool(held[2]) and not bool(confirmed[2])
     torch.testing.assert_close(found[2], x[2], rtol=1e-8, atol=1e-8)
@@ -159,7 +160,7 @@ def test_several_steps_confirm_nothing(seed: int) -> None:
     space = hidden_space(nxt, x.shape[0])
     if space is not None:
         geom, right = _geometry(x, affine)
-        assert not bool(confirmed_inputs(x, geom, right, space)[2].any())
+        assert not bool(confirmed_inputs(x, InputSpan.of(geom, right), space)[2].any())
 
 
 def _weak_sample(seed: int, weak: float, b: int = 12) -> dict[str, torch.Tensor]:

@@ -10,7 +10,8 @@ import time
 import torch
 
 from attacks.result import Reconstruction, Status
-from attacks.spearpp.hidden import confirmed_inputs
+from attacks.spearpp.faint import faint_count, with_faint
+from attacks.spearpp.hidden import InputSpan, confirmed_inputs
 from attacks.spearpp.inputs import FLOAT32_PRECISION, LayerObservation
 from attacks.spearpp.isolate import isolated_samples, with_isolated
 from attacks.spearpp.last_column import settle_uncertain
@@ -159,8 +160,17 @@ def certified(state: SpearState) -> Reconstruction:
         # The next layer's row space confirms each input apart from the other columns (see
         # confirmed_inputs): a missing or loosely pinned column no longer withholds the rest,
         # nor does a mix, which corrupts inputs that then fit no hidden vector of the batch.
+        assert obs.next_layer is not None  # the row space came from it
         with clock.stage("solve"):
-            from_space, held, agree_both = confirmed_inputs(inputs, geom, fac.right, space.rows)
+            span, rows = with_faint(
+                InputSpan.of(geom, fac.right),
+                space.rows,
+                obs.grad_weight,
+                obs.weight,
+                obs.next_layer.grad_weight,
+                faint_count(fac.singular_values, fac.batch_size),
+            )
+            from_space, held, agree_both = confirmed_inputs(inputs, span, rows)
         fresh = agree_both.to(certified.device) & ~certified
         replace = (held.to(certified.device) & ~certified).to(inputs.device)
         inputs = torch.where(replace[:, None], from_space, inputs)

@@ -156,8 +156,27 @@ def _fit(masked: torch.Tensor, off: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return p[..., 0], (off @ full).flatten(1).norm(dim=1) / size
 
 
+class InputSpan(NamedTuple):
+    """Where the row-space fit looks for inputs: orthonormal rows spanning them (``basis``,
+    r x n) and their pre-activations with the bias (``affine``, m x (r + 1): [W basis^T, b])."""
+
+    basis: torch.Tensor
+    affine: torch.Tensor
+
+    @staticmethod
+    def of(geom: SignGeometry, right: torch.Tensor) -> InputSpan:
+        """The batch's span as the factorisation gives it (``right`` = S V^T, B x n)."""
+        return InputSpan(right / geom.singular[:, None], geom.affine())
+
+    def extended(self, rows: torch.Tensor, weight: torch.Tensor) -> InputSpan:
+        """This span and the orthonormal ``rows`` (e x n) off it; ``weight``: the layer's."""
+        pre = weight.to(rows) @ rows.T
+        affine = torch.cat([self.affine[:, :-1], pre, self.affine[:, -1:]], dim=1)
+        return InputSpan(torch.cat([self.basis, rows]), affine)
+
+
 def confirmed_inputs(
-    inputs: torch.Tensor, geom: SignGeometry, right: torch.Tensor, space: torch.Tensor
+    inputs: torch.Tensor, span: InputSpan, space: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each input as the row space gives it, whether that is a sample's, and whether it
     confirms ``inputs`` (float64, noiseless one-step updates).
@@ -176,11 +195,10 @@ def confirmed_inputs(
     ----------
     inputs
         The inputs from the columns (B x n).
-    geom
-        The sign search's geometry on every row, with the bias: [A, b] in the coordinates of
-        the batch's span.
-    right
-        The gradient's right factor (B x n), whose rows, normalised, are that span's basis.
+    span
+        Where to look for the inputs (:meth:`InputSpan.of` the sign search's geometry with the
+        bias, and the faint samples' directions where there are any, see
+        :mod:`attacks.spearpp.faint`).
     space
         The next layer's row space (m x B, :func:`hidden_space`).
 
@@ -190,8 +208,7 @@ def confirmed_inputs(
         The inputs from the row space (B x n), which of them are samples' (B), and which of
         those confirm ``inputs`` (B).
     """
-    basis = right / geom.singular[:, None]  # B x n, orthonormal rows
-    affine = geom.affine()
+    basis, affine = span
     active = _pre_activations(affine, inputs @ basis.T) > 0
     coords, residuals, determined = [], [], []
     for masked, off in _systems(affine, active, space):

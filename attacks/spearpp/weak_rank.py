@@ -32,11 +32,21 @@ def weak_rank(s: torch.Tensor, rank: int, threshold: float) -> tuple[int, float]
     every sample's input space: the others' come back off by its share (B=30, unseen images:
     none exact).
     """
+    level = bulk_level(s, rank)
+    if level is None:
+        return rank, threshold
+    weak = int((s > ABOVE_BULK * level).sum())
+    if weak <= rank:
+        return rank, threshold
+    return weak, math.sqrt(float(s[weak - 1]) * float(s[weak]))
+
+
+def bulk_level(s: torch.Tensor, rank: int) -> float | None:
+    """The median of a float64 spectrum's round-off bulk: the values past the smallest
+    r >= ``rank`` after which at least :data:`MIN_TAIL` of them are flat (``None``: no such
+    tail among the values computed)."""
     for r in range(max(rank, 1), s.shape[0] - MIN_TAIL + 1):
         level = float(s[r:].median())
         if float(s[r]) <= FLAT * level:
-            weak = int((s > ABOVE_BULK * level).sum())
-            if weak <= rank:
-                return rank, threshold
-            return weak, math.sqrt(float(s[weak - 1]) * float(s[weak]))
-    return rank, threshold
+            return level
+    return None
