@@ -6,11 +6,12 @@ round-off: m=1000 trained 40 epochs, attacked on 150 of its own training images,
 2 to 70 times above the bulk of the round-off, past B_hat = 141 (`weak_rank.ABOVE_BULK` counts
 samples only 1e3 times above it, since a search on a direction that close to the bulk is off by
 its share). Left out, they tilt both spans by their share: the others' inputs from the next
-layer's row space came back off by up to 1e-2 of their norm (127 of the 141 found inputs exact).
-Each faint sample adds one direction to the first layer's input span and one to the next layer's
-row space: with those standing :data:`FAINT` times above the bulk in the first layer's spectrum
-added to both, 136 of the 141 came back exact. Only the fit uses them; the columns and the
-certificate's comparison with their inputs stay at B_hat.
+layer's row space came back off by up to 1e-2 of their norm (127 of the 141 found inputs exact,
+119 held by the residual test). Each faint sample adds one direction to the first layer's input
+span and one to the next layer's row space: with those standing :data:`FAINT` times above the
+bulk in the first layer's spectrum added to both, 136 of the 141 came back exact and 127 held.
+Only the fit uses them; the columns and the certificate's comparison with their inputs stay at
+B_hat.
 """
 
 from __future__ import annotations
