@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from attacks.spearpp.hidden import InputSpan
+from attacks.spearpp.hidden import InputSpan, row_space_sketch
 from attacks.spearpp.weak_rank import FLAT, bulk_level
 
 # A direction counts as a faint sample's where it stands this far above the bulk's median: the
 # bulk's own top stays within FLAT of it.
 FAINT = FLAT
-# Probes beyond the faint directions for the randomised range finder, and its power iterations
-# (the faint values stand only a few times above the bulk).
-_OVERSAMPLE = 8
+# Power iterations of the sketch: the faint values stand only a few times above the bulk.
 _POWER_ITERATIONS = 2
 
 
@@ -41,18 +39,11 @@ def faint_count(singular_values: torch.Tensor, rank: int) -> int:
 
 def faint_rows(grad: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
     """The ``count`` leading right singular directions (count x n, orthonormal) of ``grad``
-    (k x n) off the orthonormal ``rows`` (r x n), from a seeded randomised range finder (the
-    attack's own draws are untouched)."""
+    (k x n) off the orthonormal ``rows`` (r x n), from the seeded sketch of its row space
+    (:func:`hidden.row_space_sketch`; the attack's own draws are untouched)."""
     rest = grad - (grad @ rows.T) @ rows
-    generator = torch.Generator(grad.device).manual_seed(0)
-    width = min(count + _OVERSAMPLE, *rest.shape)
-    probe = torch.randn(
-        rest.shape[1], width, generator=generator, dtype=rest.dtype, device=rest.device
-    )
-    basis: torch.Tensor = torch.linalg.qr(rest @ probe).Q
-    for _ in range(_POWER_ITERATIONS):
-        basis = torch.linalg.qr(rest @ torch.linalg.qr(rest.T @ basis).Q).Q
-    directions = torch.linalg.svd(basis.T @ rest, full_matrices=False).Vh[:count]
+    sketch = row_space_sketch(rest, count, _POWER_ITERATIONS)
+    directions = (sketch @ torch.linalg.svd(rest @ sketch, full_matrices=False).Vh[:count].T).T
     # Off ``rows`` again: the projection above leaves their round-off in ``rest``.
     directions = directions - (directions @ rows.T) @ rows
     orthonormal: torch.Tensor = torch.linalg.qr(directions.T).Q.T
