@@ -15,7 +15,6 @@ from attacks.spearpp.hidden import (
     InputSpan,
     confirmed_inputs,
     hidden_inputs,
-    hidden_space,
     next_layer_bases,
 )
 from attacks.spearpp.inputs import NextLayer
@@ -35,6 +34,12 @@ def _update(
     affine = torch.cat([sent[0], sent[1][:, None]], dim=1)
     nxt = NextLayer(grads[2], grads[3])
     return x, affine, nxt, (x @ affine[:, :-1].T + affine[:, -1]) > 0
+
+
+def hidden_space(nxt: NextLayer, b: int) -> torch.Tensor | None:
+    """The next layer's row space where its rank is ``b`` exactly, else ``None``."""
+    bases = next_layer_bases(nxt, b)
+    return None if bases is None else bases.rows
 
 
 def _spanned(

@@ -29,7 +29,7 @@ from attacks.spearpp.signs import GATHER_ELEMENTS, SignGeometry
 # the hidden vectors do not span a B-dimensional space (a multi-step update, noise, or a next
 # layer narrower than the batch).
 RANK_GAP = 1e3
-# Random mixes beyond B that sketch the row space (see hidden_space).
+# Random mixes beyond B that sketch the row space (see next_layer_bases).
 _OVERSAMPLE = 8
 # Relative residual of h_k off the row space under which an estimate is a sample's.
 RESIDUAL = 1e-6
@@ -100,13 +100,6 @@ def next_layer_bases(
     return NextBases(left[:, :batch_size], sketch @ right[:batch_size].T, exact)
 
 
-def hidden_space(next_layer: NextLayer, batch_size: int) -> torch.Tensor | None:
-    """Orthonormal basis (m x B) of the row space of the next layer's weight gradient, or
-    ``None`` where its rank is not ``batch_size`` (see :func:`next_layer_bases`)."""
-    bases = next_layer_bases(next_layer, batch_size)
-    return None if bases is None else bases.rows
-
-
 def hidden_inputs(
     affine: torch.Tensor, active: torch.Tensor, space: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +112,8 @@ def hidden_inputs(
     active
         c x m boolean patterns.
     space
-        m x r orthonormal basis (:func:`hidden_space`, restricted to the rows of ``affine``).
+        m x r orthonormal basis (``rows`` of :func:`next_layer_bases`, restricted to the rows of
+        ``affine``).
 
     Returns
     -------
@@ -200,7 +194,7 @@ def confirmed_inputs(
         bias, and the faint samples' directions where there are any, see
         :mod:`attacks.spearpp.faint`).
     space
-        The next layer's row space (m x B, :func:`hidden_space`).
+        The next layer's row space (m x B, ``rows`` of :func:`next_layer_bases`).
 
     Returns
     -------
