@@ -13,6 +13,8 @@ from attacks.spearpp.coupled import COUPLING_GAP
 from attacks.spearpp.hidden import (
     RESIDUAL,
     InputSpan,
+    column_inputs,
+    column_patterns,
     confirmed_inputs,
     hidden_inputs,
     next_layer_bases,
@@ -157,6 +159,43 @@ def test_a_blend_is_refused_and_a_nearly_right_input_corrected_but_not_confirmed
     assert bool(held[2]) and not bool(confirmed[2])
     torch.testing.assert_close(found[2], x[2], rtol=1e-8, atol=1e-8)
     assert bool(confirmed[3:].all())
+
+
+def _tilted_columns(active: torch.Tensor, tilt: float, seed: int) -> torch.Tensor:
+    """Columns on ``active`` (c x m) from 1e-3 to 1 of their largest entry, ``tilt`` times
+    random entries elsewhere (the samples fading past B_hat leave that), a few exactly 0."""
+    gen = torch.Generator().manual_seed(seed)
+    size = 10 ** (-3 * torch.rand(active.shape, generator=gen, dtype=torch.float64))
+    off = tilt * torch.rand(active.shape, generator=gen, dtype=torch.float64)
+    off[:, :3] = 0.0
+    sign = torch.randn(active.shape, generator=gen, dtype=torch.float64).sign()
+    return sign * torch.where(active, size, off)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_column_tilted_over_the_zero_floor_still_gives_its_pattern(seed: int) -> None:
+    _, _, active, _ = _spanned(seed)
+    patterns = column_patterns(_tilted_columns(active, 1e-6, seed), 3)
+    assert bool((patterns[0] == active).all())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_each_column_gives_its_sample_where_the_inputs_from_the_columns_are_off(
+    seed: int,
+) -> None:
+    """Every input from the columns tilted towards sample 0 (a strong sample whose column was
+    missed): no input's pattern is its sample's, so the row space holds none of them; each
+    column's own zeros give its sample exactly, and a mix of two columns gives nothing."""
+    x, affine, active, space = _spanned(seed)
+    geom, right = _geometry(x, affine)
+    span = InputSpan.of(geom, right)
+    tilted = (x + 0.5 * x[0]) / 1.5
+    assert not bool(confirmed_inputs(tilted, span, space)[1][1:].any())
+    found, held = column_inputs(_tilted_columns(active, 1e-6, seed), span, space)
+    assert bool(held.all())
+    torch.testing.assert_close(found, x, rtol=1e-8, atol=1e-8)
+    mixes = torch.stack([active[i] | active[i + 1] for i in range(x.shape[0] - 1)])
+    assert not bool(column_inputs(_tilted_columns(mixes, 1e-6, seed), span, space)[1].any())
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -41,6 +41,9 @@ DETERMINED = 1e-6
 # which both are its own: 100 dB is an RMS error of 1e-5 of the [0, 1] pixel range, about
 # 4e-5 of a normalised image's norm, so two derivations this close are each exact.
 AGREE = 1e-6
+# Splits of a column's magnitudes tried as its pattern (see column_patterns): the largest ratio
+# may fall inside the zeros' own round-off rather than between them and the active entries.
+PATTERN_TRIES = 3
 
 
 def row_space_sketch(grad: torch.Tensor, rank: int, power_iterations: int) -> torch.Tensor:
@@ -203,7 +206,19 @@ def confirmed_inputs(
         those confirm ``inputs`` (B).
     """
     basis, affine = span
-    active = _pre_activations(affine, inputs @ basis.T) > 0
+    from_space, held = held_inputs(_pre_activations(affine, inputs @ basis.T) > 0, span, space)
+    close = (from_space - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
+    return from_space, held, held & close
+
+
+def held_inputs(
+    active: torch.Tensor, span: InputSpan, space: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each pattern (c x m boolean), the input from the row space (c x n) and whether it
+    is a sample's: its hidden vector in ``space`` to :data:`RESIDUAL`, the fit determined
+    (:data:`DETERMINED`), and its own activity the pattern itself (see
+    :func:`confirmed_inputs`)."""
+    basis, affine = span
     coords, residuals, determined = [], [], []
     for masked, off in _systems(affine, active, space):
         p, residual = _fit(masked, off)
@@ -214,9 +229,56 @@ def confirmed_inputs(
     found = torch.cat(coords)
     own = (_pre_activations(affine, found) > 0) == active
     held = (torch.cat(residuals) < RESIDUAL) & own.all(dim=1) & torch.cat(determined)
-    from_space = found @ basis
-    close = (from_space - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
-    return from_space, held, held & close
+    return found @ basis, held
+
+
+def column_inputs(
+    columns: torch.Tensor, span: InputSpan, space: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input each column's zeros give from the row space (c x n; ``columns``: c x m, the
+    output gradients L q) and whether one of its :func:`column_patterns` held
+    (:func:`held_inputs`)."""
+    found = columns.new_zeros(columns.shape[0], span.basis.shape[1])
+    held = torch.zeros(columns.shape[0], dtype=torch.bool, device=columns.device)
+    for active in column_patterns(columns, PATTERN_TRIES):
+        left = torch.nonzero(~held)[:, 0]
+        if not left.numel():
+            break
+        inputs, ok = held_inputs(active[left], span, space)
+        found[left[ok]] = inputs[ok]
+        held[left[ok]] = True
+    return found, held
+
+
+def repeated(inputs: torch.Tensor, kept: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+    """Which ``fresh`` rows of ``inputs`` (c x n) repeat, to :data:`AGREE`, a ``kept`` row or
+    an earlier ``fresh`` one (boolean masks of c, returned on ``fresh``'s device)."""
+    old, new = kept.to(inputs.device), fresh.to(inputs.device)
+    close = torch.cdist(inputs, inputs) <= AGREE * inputs.norm(dim=1)[:, None]
+    earlier = torch.ones_like(close).tril(diagonal=-1)
+    prior = old[None, :] | (new[None, :] & earlier)
+    again: torch.Tensor = new & (close & prior).fill_diagonal_(False).any(dim=1)
+    return again.to(fresh.device)
+
+
+def column_patterns(columns: torch.Tensor, tries: int) -> torch.Tensor:
+    """Candidate active neurons of each column (``columns``: c x m, the output gradients L q),
+    ``tries`` x c x m: its entries above the largest ratios between two of its magnitudes in
+    turn, the largest first (exact zeros, such as silent neurons', count as its smallest
+    nonzero entry).
+
+    A column solved at B_hat carries the tilt of the samples fading past it on its sample's
+    inactive neurons, above the zero rule's round-off floor (m=1000 trained 40 epochs, its
+    own images, B=150: up to 3e-5 of its largest entry, its active entries 2e-3 and more),
+    so its zeros are read off that gap instead. A split in the wrong place costs nothing:
+    the row-space fit holds only an input whose activity is the pattern itself.
+    """
+    size = columns.abs()
+    smallest = torch.where(size > 0, size, torch.inf).amin(dim=1, keepdim=True)
+    ordered = torch.where(size > 0, size, smallest).sort(dim=1, descending=True).values
+    logs = ordered.log()
+    splits = (logs[:, :-1] - logs[:, 1:]).topk(tries, dim=1).indices  # c x tries
+    return size[None] >= ordered.gather(1, splits).T[:, :, None]
 
 
 def _pre_activations(affine: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
