@@ -120,3 +120,17 @@ def test_without_the_next_layer_the_fits_are_max_margin() -> None:
     assert len(pool) == 7 and not found.exact
     cosine = torch.nn.functional.cosine_similarity(found.inputs, coords[:7], dim=1)
     assert bool((cosine > 0.5).all()) and not torch.allclose(found.inputs, coords[:7])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_columns_tilted_past_the_zero_floor_give_exact_coordinates(seed: int) -> None:
+    """Each column leaning 1e-6 towards the next (as samples fading past B_hat tilt them): over
+    the zero rule's floor (1e-9) it reads the union of both patterns, which the row space does
+    not hold; the largest gap of the column's magnitudes gives its own."""
+
+    def tilted(truth: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(truth[:7] + 1e-6 * truth[1:8], dim=1)
+
+    found, pool, _, coords = _found(seed, tilted)
+    assert len(pool) == 7 and found.exact
+    torch.testing.assert_close(found.inputs, coords[:7], rtol=1e-8, atol=1e-8)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from attacks.spearpp.harvest import Harvester
-from attacks.spearpp.hidden import RESIDUAL, NextBases, hidden_inputs
+from attacks.spearpp.hidden import (
+    PATTERN_TRIES,
+    RESIDUAL,
+    NextBases,
+    column_patterns,
+    hidden_inputs,
+)
 from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs
 from attacks.spearpp.zero_rule import zero_mask
 
@@ -63,6 +69,16 @@ class FoundInputs:
         else:
             estimates, residual = hidden_inputs(geom.affine(), active, self._hidden.rows)
             held = residual < RESIDUAL
+            # A column tilted by faint samples past the zero rule's floor has its pattern at
+            # a gap of its magnitudes instead (see hidden.column_patterns); each split tried
+            # costs a fit per column not yet held.
+            unheld = torch.nonzero(~held)[:, 0]
+            splits = column_patterns(fresh[unheld] @ geom.engine_left().T, PATTERN_TRIES)
+            for split in splits if unheld.numel() else ():
+                todo = ~held[unheld]
+                more, residual = hidden_inputs(geom.affine(), split[todo], self._hidden.rows)
+                ok = residual < RESIDUAL
+                estimates[unheld[todo][ok]], held[unheld[todo][ok]] = more[ok], True
             if not bool(held.all()):
                 estimates[~held] = fit_inputs(geom.affine(), active[~held])[:, : self._b]
         self.inputs = torch.cat([self.inputs, estimates])
