@@ -65,11 +65,14 @@ class NextBases(NamedTuple):
     """The next layer's weight gradient G' (k x m) at rank B: orthonormal bases of its column
     space (``columns``, k x B: the samples' output gradients there) and row space (``rows``,
     m x B: their hidden vectors), and whether its rank is B exactly (``exact``, see
-    :data:`RANK_GAP`) or only up to noise, such as a float32 client's round-off."""
+    :data:`RANK_GAP`) or only up to noise, such as a float32 client's round-off; ``tilted``:
+    whether the found columns may lean past the zero rule's floor, samples fading past B_hat
+    in a noiseless float64 update (see :func:`column_patterns`)."""
 
     columns: torch.Tensor
     rows: torch.Tensor
     exact: bool
+    tilted: bool = False
 
 
 def next_layer_bases(

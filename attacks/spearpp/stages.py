@@ -212,10 +212,13 @@ def search_signs(state: SpearState) -> None:
             # it, no gap over 14 at B_hat; the rounds held no pattern, 0 of 150 samples exact;
             # with them 124, 56 certified by the next layer). The coupled search proposes
             # points only, and serves under noise too (float32).
+            faint = not coarse_certificate(state) and bool(
+                faint_count(state.fac.singular_values, state.fac.batch_size)
+            )
             bases = next_layer_bases(obs.next_layer, b, COUPLING_GAP)
             if bases is not None:
                 state.coupling = coupling(obs.next_layer, b, bases)
-            elif faint_count(state.fac.singular_values, state.fac.batch_size):
+            elif faint:
                 # Samples fading into the round-off past B_hat leave no gap at B in the next
                 # layer's spectrum either (m=1000 trained 40 epochs, its own images, B=150:
                 # 7.4e-12 then 6.4e-12 of s_1 there; 0 of 150 exact without its row space).
@@ -223,7 +226,7 @@ def search_signs(state: SpearState) -> None:
                 # the inputs the row space holds to round-off.
                 bases = next_layer_bases(obs.next_layer, b, min_gap=1.0)
             if bases is not None and bias is not None:
-                state.hidden = bases
+                state.hidden = bases._replace(tilted=faint)
         live = ~obs.silent
         silent = int((~live).sum())
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
