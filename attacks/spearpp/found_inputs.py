@@ -74,9 +74,9 @@ class FoundInputs:
             # costs a fit per column not yet held, so only where faint samples tilt them (at
             # float32's round-off, where few patterns hold, the certificates grid's 8 s
             # attacks ran 20 to 40% longer).
-            unheld = torch.nonzero(~held)[:, 0]
+            unheld = torch.nonzero(~held & self._hidden.tilted)[:, 0]
             splits = column_patterns(fresh[unheld] @ geom.engine_left().T, PATTERN_TRIES)
-            for split in splits if unheld.numel() and self._hidden.tilted else ():
+            for split in splits if unheld.numel() else ():
                 todo = ~held[unheld]
                 more, residual = hidden_inputs(geom.affine(), split[todo], self._hidden.rows)
                 ok = residual < RESIDUAL
