@@ -180,8 +180,8 @@ def certified(state: SpearState) -> Reconstruction:
             # A strong sample's column missing tilts every input from the columns, so that
             # no input's pattern is its sample's (m=1000 trained 40 epochs, its own images,
             # B=150: 0 of 150 exact, 82 true columns among those chosen): each column's own
-            # zeros give its sample's pattern apart from the others.
-            # Where an input's own pattern held too, its column's zeros must give the same.
+            # zeros give its sample's pattern apart from the others; where the input's own
+            # pattern held too, the two must give the same input.
             lost = torch.nonzero(~agree_both & ~certified.to(held.device))[:, 0]
             by_zeros, zeros_held = column_inputs(columns[lost] @ left.T, span, rows)
             gap = (by_zeros - from_space[lost]).norm(dim=1)

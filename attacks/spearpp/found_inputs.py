@@ -71,9 +71,8 @@ class FoundInputs:
             held = residual < RESIDUAL
             # A column tilted by faint samples past the zero rule's floor has its pattern at
             # a gap of its magnitudes instead (see hidden.column_patterns); each split tried
-            # costs a fit per column not yet held, so only where faint samples tilt them (at
-            # float32's round-off, where few patterns hold, the certificates grid's 8 s
-            # attacks ran 20 to 40% longer).
+            # costs a fit per column not yet held, so only where faint samples tilt them: at
+            # float32's round-off or under noise few patterns hold to RESIDUAL at all.
             unheld = torch.nonzero(~held & self._hidden.tilted)[:, 0]
             splits = column_patterns(fresh[unheld] @ geom.engine_left().T, PATTERN_TRIES)
             for split in splits if unheld.numel() else ():
