@@ -77,6 +77,8 @@ class FoundInputs:
             splits = column_patterns(fresh[unheld] @ geom.engine_left().T, PATTERN_TRIES)
             for split in splits if unheld.numel() else ():
                 todo = ~held[unheld]
+                if not bool(todo.any()):
+                    break
                 more, residual = hidden_inputs(geom.affine(), split[todo], self._hidden.rows)
                 ok = residual < RESIDUAL
                 estimates[unheld[todo][ok]], held[unheld[todo][ok]] = more[ok], True
