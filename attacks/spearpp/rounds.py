@@ -332,6 +332,7 @@ def sign_rounds(
                     generator,
                     out_of_time,
                     found_inputs.exact,
+                    getattr(torch, config.search_dtype),
                 )
             # The guided searches of the last columns cost many rounds' work at large B (at
             # B = 256, m = 4000 one ran 220 s where rounds of random starts found the last 9
