@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 
+from attacks.spearpp.gather import masked_rows
 from attacks.spearpp.hidden import NextBases, next_layer_bases
 from attacks.spearpp.inputs import NextLayer
 from attacks.spearpp.signs import SignGeometry, input_space
@@ -176,16 +177,6 @@ def _smallest_ritz(gram: torch.Tensor, start: torch.Tensor, block: torch.Tensor)
     return vectors
 
 
-def _gathered(mask: torch.Tensor, *tables: torch.Tensor) -> list[torch.Tensor]:
-    """Each point's masked rows of each table (K x r x B, r the largest count, padded with zero
-    rows): products over them cost what the masked rows do, not all m."""
-    counts = mask.sum(dim=1)
-    width = int(counts.max()) if counts.numel() else 0
-    index = mask.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :width]
-    valid = (torch.arange(width, device=mask.device) < counts[:, None]).unsqueeze(-1)
-    return [table[index] * valid for table in tables]
-
-
 def _iterate(
     rows: torch.Tensor,
     k: torch.Tensor,
@@ -199,7 +190,7 @@ def _iterate(
     A point whose rows (labels and kept rows) repeat within a run of like iterations would
     repeat its step (to the block iteration's convergence), so it leaves that run. At B=512,
     m=4000 a point cost 18 s; with this and products over its active rows only
-    (:func:`_gathered`) 8 s, the same points; in float32 with :func:`_smallest_ritz`, 2.6 s."""
+    (:func:`~attacks.spearpp.gather.masked_rows`) 8 s, the same points; in float32 with :func:`_smallest_ritz`, 2.6 s."""
     m = rows.shape[0]
     side = int(_SIDE * m)
     eye = torch.eye(k.shape[1], dtype=k.dtype, device=k.device)
@@ -232,13 +223,13 @@ def _iterate(
                 if not live.numel():
                     break
             last = key
-            k_active, rows_active = _gathered(active, k, rows)
+            k_active, rows_active = masked_rows(active, k, rows)
             gram_k = k_active.transpose(1, 2) @ k_active + _RIDGE * eye
             cross = k_active.transpose(1, 2) @ rows_active
             solved = solve_spd(gram_k, cross)
             gram = gram_all - cross.transpose(1, 2) @ solved
             if not bool(use.all()):
-                (unused,) = _gathered(~use, rows)
+                (unused,) = masked_rows(~use, rows)
                 gram = gram - unused.transpose(1, 2) @ unused
             vector = _smallest_ritz((gram + gram.transpose(1, 2)) / 2, z[live], block)
             z[live] = vector
