@@ -158,8 +158,8 @@ def _smallest_ritz(gram: torch.Tensor, start: torch.Tensor, block: torch.Tensor)
     block inverse iteration from each ``start`` (K x B) beside the shared directions ``block``
     (B x c), then the smallest Ritz vector of the block. A full ``eigh`` of each matrix took
     24 of the 64 s of 16 points at B=512, m=4000; with a block of 8 and 4 solves the points
-    land as often (m=1000, B=175, 3 seeds of 16 starts: 44 of 48 with eigh, 45 so; B=512, m=4000,
-    16 of 16). Matrices whose shifted Cholesky factor fails get ``eigh``'s vectors."""
+    land as often (m=1000, B=175, 3 seeds of 16 starts: 44 of 48 with ``eigh``, 45 so; B=512,
+    m=4000, 16 of 16). Matrices whose shifted Cholesky factor fails get ``eigh``'s vectors."""
     b = gram.shape[-1]
     eye = torch.eye(b, dtype=gram.dtype, device=gram.device)
     shift = _RITZ_SHIFT * torch.finfo(gram.dtype).eps * gram.diagonal(dim1=-2, dim2=-1).mean(-1)
@@ -190,7 +190,8 @@ def _iterate(
     A point whose rows (labels and kept rows) repeat within a run of like iterations would
     repeat its step (to the block iteration's convergence), so it leaves that run. At B=512,
     m=4000 a point cost 18 s; with this and products over its active rows only
-    (:func:`~attacks.spearpp.gather.masked_rows`) 8 s, the same points; in float32 with :func:`_smallest_ritz`, 2.6 s."""
+    (:func:`~attacks.spearpp.gather.masked_rows`) 8 s, the same points; in float32 with
+    :func:`_smallest_ritz`, 2.4 s."""
     m = rows.shape[0]
     side = int(_SIDE * m)
     eye = torch.eye(k.shape[1], dtype=k.dtype, device=k.device)

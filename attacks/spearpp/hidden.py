@@ -177,6 +177,9 @@ def _fits(affine: torch.Tensor, active: torch.Tensor, space: torch.Tensor) -> _F
         off, hidden = _off_space(affine, part, space, p)
         size = hidden.norm(dim=1).clamp_min(torch.finfo(p.dtype).tiny)
         parts.append(_Fits(p, off.norm(dim=1) / size, determined))
+    if not parts:
+        empty = affine.new_zeros(0)
+        return _Fits(affine.new_zeros(0, width - 1), empty, empty.bool())
     return _Fits(*(torch.cat(column) for column in zip(*parts, strict=True)))
 
 
