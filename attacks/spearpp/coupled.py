@@ -135,6 +135,7 @@ def coupled_search(
     engine = complement if exact_deflation else torch.eye(b, dtype=u.dtype, device=u.device)
     work = dtype or u.dtype
     rows = (u @ engine).to(work)
+    gram_all = rows.T @ rows
     fit_space = input_space(geom, found).to(work)
     k = k.to(work)
     chunk = max(1, _CHUNK_ELEMENTS // (m * b))
@@ -147,7 +148,7 @@ def coupled_search(
         z = z.to(u.device) @ (complement.T @ engine)
         z = torch.nn.functional.normalize(z, dim=1).to(work)
         block = torch.randn(z.shape[1], _RITZ_BLOCK, generator=generator, dtype=u.dtype)
-        z = _iterate(rows, k, fit_space, z, block.to(z))
+        z = _iterate(rows, gram_all, k, fit_space, z, block.to(z))
         z = z.to(u.dtype)
         parts.append(torch.nn.functional.normalize((z @ engine.T) / s, dim=1))
     return torch.cat(parts) if parts else u.new_zeros(0, b)
@@ -179,13 +180,15 @@ def _smallest_ritz(gram: torch.Tensor, start: torch.Tensor, block: torch.Tensor)
 
 def _iterate(
     rows: torch.Tensor,
+    gram_all: torch.Tensor,
     k: torch.Tensor,
     fit_space: torch.Tensor,
     z: torch.Tensor,
     block: torch.Tensor,
 ) -> torch.Tensor:
     """The labels / eigenvector iteration (see the module's docstring) from the points ``z``,
-    ``block`` the shared directions of :func:`_smallest_ritz`.
+    ``gram_all`` the Gram matrix of all ``rows``, ``block`` the shared directions of
+    :func:`_smallest_ritz`.
 
     A point whose rows (labels and kept rows) repeat within a run of like iterations would
     repeat its step (to the block iteration's convergence), so it leaves that run. At B=512,
@@ -195,7 +198,6 @@ def _iterate(
     m = rows.shape[0]
     side = int(_SIDE * m)
     eye = torch.eye(k.shape[1], dtype=k.dtype, device=k.device)
-    gram_all = rows.T @ rows
     d = z.new_zeros(z.shape[0], k.shape[1])
     started = False
     for projected, length in ((True, PROJECTED), (False, ITERATIONS - PROJECTED)):
