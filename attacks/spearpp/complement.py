@@ -30,9 +30,16 @@ from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 
 # Directions tried per dimension of the complement (two, +-p, when one column is missing),
 # within a budget of work per call (multiply-adds of the null steps' Gram matrices and of the
-# halfspace fits' Hessians).
+# halfspace fits' Hessians); at least two per dimension, as long as they cost no more than
+# _WORK_MAX. Sparse layers need the two (B=64, m=1000, neurons firing for a tenth of the
+# samples: 9 to 12 of 56 missing columns back from 112 directions, where the budget affords
+# 25); at B=512, m=4000 with 505 missing they cost 2.5e10 each (the fits' Hessians are
+# M^2 m), and a round of 1,010 ran past 15 minutes for no column: random directions of so
+# many dimensions are near no sample's input (m=1000, B=150 at initialisation: none of 8 to
+# 128 missing back, 2 seeds).
 _DIRECTIONS_PER_DIM = 200
 _WORK_BUDGET = 2e9
+_WORK_MAX = 50 * _WORK_BUDGET
 # Candidates kept per dimension of the complement, the best distinct ones: refining every
 # candidate would cost more than finding them.
 _KEPT_PER_DIM = 4
@@ -104,8 +111,8 @@ def complement_columns(
     Returns
     -------
     torch.Tensor
-        max(8, 4 M) distinct candidates, sparsest first, for the harvester to refine and
-        certify.
+        Up to max(8, 4 M) distinct candidates, none a found column, sparsest first, for the
+        harvester to refine and certify.
     """
     m, b = geom.left.shape
     complement = complement_rows(found)
@@ -119,8 +126,9 @@ def complement_columns(
         # Per direction: a null step per row count, and the halfspace fit of each result (a
         # Newton step costs m (M + 1)^2; with many columns missing the fits are most of it).
         fits = 0 if rule.noise_std else len(counts) * MARGIN_NEWTON_STEPS * m * (dim + 1) ** 2
-        affordable = int(_WORK_BUDGET / (sum(counts) * b * b + fits))
-        many = max(2 * dim, min(_DIRECTIONS_PER_DIM * dim, affordable))
+        per_direction = sum(counts) * b * b + fits
+        floor = max(1, min(2 * dim, int(_WORK_MAX / per_direction)))
+        many = max(floor, min(_DIRECTIONS_PER_DIM * dim, int(_WORK_BUDGET / per_direction)))
         draws = torch.randn(many, dim, generator=generator, dtype=found.dtype)
         mixes = torch.nn.functional.normalize(draws, dim=1)
     directions = mixes.to(found.device) @ complement.T
@@ -181,8 +189,9 @@ def complement_columns(
     # again.
     kept = []
     for _ in range(max(_KEPT_MIN, _KEPT_PER_DIM * dim)):
-        best = points[score.argmax()]
-        kept.append(best)
-        score = score.masked_fill((points @ best).abs() > _SAME_COSINE, -torch.inf)
-    # (Copies of found columns, picked only when nothing else is left, the pool drops.)
-    return torch.stack(kept)
+        best = score.argmax()
+        if score[best] == -torch.inf:
+            break  # every point left is a copy (each would cost its refinement for nothing)
+        kept.append(points[best])
+        score = score.masked_fill((points @ points[best]).abs() > _SAME_COSINE, -torch.inf)
+    return torch.stack(kept) if kept else points[:0]
