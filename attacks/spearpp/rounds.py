@@ -275,10 +275,13 @@ def sign_rounds(
     rows_options = (few_rows, None)
     shrunk = sign_yield = 0
     # Coupled points per round, as a multiple of the config's: doubled after each round in
-    # which they found columns and the sign starts none, back to one otherwise.
+    # which they found columns at a better rate than the sign starts, back to one otherwise.
     coupled_widen = 1
+    # Columns a second (search and refinement) of each kind's last turn.
+    sign_rate = coupled_rate = 0.0
     while len(pool) < batch_size and idle < patience and not out_of_time():
         with harvest.clock.stage("search"):
+            begin = time.perf_counter()
             found_inputs.update()
             basis = found_inputs.basis
             # Basins of trained networks' columns are very uneven: rounds that find nothing
@@ -318,14 +321,21 @@ def sign_rounds(
             # a round that found nothing at all (a float32 client trained 300 steps, B=20,
             # m=200, seed 4, update as a float64 difference: 0 of 20 certified with them after
             # every round whose sign starts found none, 20 of 20 without them).
+            # Where coupled points have found columns faster than the sign starts (B=512,
+            # m=4000 at initialisation: 8 coupled points about 7 columns in 40 s, 8 sign
+            # starts 0 to 2 in 13 s), they run every round.
+            sign_better = sign_yield and sign_rate > coupled_rate
             coupled = None
+            sign_seconds = time.perf_counter() - begin
+            coupled_seconds = 0.0
             if (
                 coupling is not None
                 and config.coupled_starts
                 and rounds
-                and not (sign_yield or (harvest.rule.noise_std and not idle))
+                and not (sign_better or (harvest.rule.noise_std and not idle))
                 and not out_of_time()
             ):
+                begin = time.perf_counter()
                 coupled = coupled_search(
                     geom,
                     coupling,
@@ -337,9 +347,11 @@ def sign_rounds(
                     found_inputs.exact,
                     getattr(torch, config.search_dtype),
                 )
+                coupled_seconds = time.perf_counter() - begin
             # The guided searches of the last columns cost many rounds' work at large B (at
             # B = 256, m = 4000 one ran 220 s where rounds of random starts found the last 9
             # columns too): they run once random starts stop finding any.
+            begin = time.perf_counter()
             if (
                 basis is not None
                 and found is not None
@@ -362,14 +374,17 @@ def sign_rounds(
                     ]
                 )
         grew = sign_yield = harvest.propose(geom.to_engine(points))
+        sign_rate = sign_yield / (sign_seconds + time.perf_counter() - begin)
         if coupled is not None:
+            begin = time.perf_counter()
             coupled_yield = harvest.propose(geom.to_engine(coupled))
+            coupled_rate = coupled_yield / (coupled_seconds + time.perf_counter() - begin)
             grew += coupled_yield
             starts_run += int(coupled.shape[0])
-            # Where the coupled points alone find columns, each round's fixed costs (its sign
+            # Where the coupled points find columns faster, each round's fixed costs (its sign
             # starts, the found inputs' fits) are spread over more of them: at B=512, m=4000
             # at initialisation 8 a round found 58 columns in 17 rounds of 1200 s.
-            widen_coupled = coupled_yield and not sign_yield
+            widen_coupled = coupled_yield and coupled_rate >= sign_rate
             coupled_widen = min(2 * coupled_widen, _SIGN_WIDEN_MAX) if widen_coupled else 1
         # A round that found nothing: the complement of the found ones holds the missing
         # samples' inputs (see complement_columns). Without noise, not while rounds still find
