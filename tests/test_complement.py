@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attacks.spearpp import signs
+from attacks.spearpp import complement, signs
 from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.refine import refine_kernel
@@ -72,6 +72,23 @@ def test_candidates_are_distinct_and_never_a_found_column_while_others_are_left(
     assert torch.allclose(points.norm(dim=1), torch.ones(len(points), dtype=torch.float64))
     same = (points @ points.T).abs().fill_diagonal_(0)
     assert same.max() < 1 - 1e-6
+    assert (points @ geom.to_engine(found).T).abs().max() < 1 - 1e-6
+
+
+def test_a_round_past_its_work_cap_tries_fewer_directions_and_returns_no_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # At B=512, m=4000 with 505 columns missing the two directions a dimension cost 2.5e10
+    # multiply-adds each and a round ran past 15 minutes: the floor yields to the cap. With a
+    # cap of one direction, its three null steps (one per row count) are all the candidates:
+    # the rest of the kept count is not filled with copies, each of which would be refined.
+    geom, truth, rule, _ = _setting(20, 200, 1)
+    found = truth[:12]
+    monkeypatch.setattr(complement, "_WORK_BUDGET", 1.0)
+    monkeypatch.setattr(complement, "_WORK_MAX", 1.0)
+    points = complement_columns(geom, found, rule, torch.Generator().manual_seed(0), "eigh", True)
+    assert 1 <= len(points) <= 3
+    assert (points @ points.T).abs().fill_diagonal_(0).max() < 1 - 1e-6
     assert (points @ geom.to_engine(found).T).abs().max() < 1 - 1e-6
 
 
