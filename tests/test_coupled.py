@@ -12,6 +12,7 @@ from attacks import SpearConfig, reconstruct
 from attacks.spearpp.coupled import coupled_search, coupling
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import PRECISION_FLOOR, NextLayer
+from attacks.spearpp.rounds import coupled_turn
 from attacks.spearpp.signs import SignGeometry, sign_search
 from tests.helpers import sgd_steps
 
@@ -119,3 +120,19 @@ def test_float32_client_couples_under_its_round_off() -> None:
     exact next-layer coordinates), where the coupled search did not run before (this batch:
     failed, 0 of 40 certified in 22 s)."""
     _assert_engine_exact(_update(0, dtype=torch.float32), 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("sign_yield", "sign_rate", "coupled_rate", "noisy", "idle", "turn"),
+    [
+        (0, 0.0, 0.0, False, 1, True),  # the sign starts found nothing: coupled points run
+        (3, 0.5, 0.1, False, 0, False),  # the sign starts found columns faster: they wait
+        (2, 0.1, 0.3, False, 0, True),  # coupled points found them faster: every round
+        (2, 0.1, 0.3, True, 0, False),  # under noise only after a round that found nothing
+        (0, 0.0, 0.3, True, 2, True),
+    ],
+)
+def test_coupled_points_take_their_turn_by_the_rates_each_kind_found_columns(
+    sign_yield: int, sign_rate: float, coupled_rate: float, noisy: bool, idle: int, turn: bool
+) -> None:
+    assert coupled_turn(sign_yield, sign_rate, coupled_rate, noisy, idle) is turn

@@ -241,6 +241,29 @@ def round_starts(
     return torch.cat([geom.to_search(starts[:half]), starts[half:]])
 
 
+def coupled_turn(
+    sign_yield: int, sign_rate: float, coupled_rate: float, noisy: bool, idle: int
+) -> bool:
+    """Whether a sign round (not the first) adds coupled points, from the last round's sign
+    yield, the columns a second each kind found in its last turn, the noise and the rounds
+    idle so far.
+
+    Coupled points cost m B^2 an iteration each: they run after a round whose sign starts found
+    no column (DP sigma=1e-6, m=4000, B=150, where each round's 8 sign starts find several:
+    203 s with them every round, 43 s so, seed 0), so not in the first round (centred images,
+    m=1000, B=100: 8 points there cost 1.9 of its 4.4 s, where the sign starts found every
+    column in 15 rounds), and every round while they find columns faster than the sign starts
+    (B=512, m=4000 at initialisation: 8 coupled points about 7 columns in 40 s, 8 sign starts 0
+    to 2 in 13 s). Under noise they can also land on a mix the noise-level check passes, so
+    there they wait for a round that found nothing at all (a float32 client trained 300 steps,
+    B=20, m=200, seed 4, update as a float64 difference: 0 of 20 certified with them after
+    every round whose sign starts found none, 20 of 20 without them).
+    """
+    if noisy:
+        return idle > 0
+    return not sign_yield or coupled_rate >= sign_rate
+
+
 def sign_rounds(
     harvest: Harvester,
     geom: SignGeometry,
@@ -312,19 +335,6 @@ def sign_rounds(
                 whole=_sparse_layer(pool, harvest.left.shape[0]),
                 free_iterations=free,
             )
-            # Coupled points cost m B^2 an iteration each: they run after a round whose sign
-            # starts found no column (DP sigma=1e-6, m=4000, B=150, where each round's 8 sign
-            # starts find several: 203 s with them every round, 43 s so, seed 0), so not in
-            # the first round (centred images, m=1000, B=100: 8 points there cost 1.9 of its
-            # 4.4 s, where the sign starts found every column in 15 rounds). Under noise
-            # they can also land on a mix the noise-level check passes, so there they wait for
-            # a round that found nothing at all (a float32 client trained 300 steps, B=20,
-            # m=200, seed 4, update as a float64 difference: 0 of 20 certified with them after
-            # every round whose sign starts found none, 20 of 20 without them).
-            # Where coupled points have found columns faster than the sign starts (B=512,
-            # m=4000 at initialisation: 8 coupled points about 7 columns in 40 s, 8 sign
-            # starts 0 to 2 in 13 s), they run every round.
-            sign_better = sign_yield and sign_rate > coupled_rate
             coupled = None
             sign_seconds = time.perf_counter() - begin
             coupled_seconds = 0.0
@@ -332,7 +342,9 @@ def sign_rounds(
                 coupling is not None
                 and config.coupled_starts
                 and rounds
-                and not (sign_better or (harvest.rule.noise_std and not idle))
+                and coupled_turn(
+                    sign_yield, sign_rate, coupled_rate, bool(harvest.rule.noise_std), idle
+                )
                 and not out_of_time()
             ):
                 begin = time.perf_counter()
