@@ -71,16 +71,43 @@ def _next(u: dict[str, torch.Tensor], weight: bool = True) -> NextLayer:
 def test_coupled_starts_land_where_sign_starts_do_not(seed: int) -> None:
     u = _update(seed)
     geom = _geometry(u)
-    k = coupling(_next(u), _B)
-    assert k is not None
+    tie = coupling(_next(u), _B)
+    assert tie is not None
     gen = torch.Generator().manual_seed(seed)
-    points = coupled_search(geom, k, _STARTS, None, None, gen, lambda: False)
+    points = coupled_search(geom, tie.k, _STARTS, None, None, gen, lambda: False)
     assert points.shape == (_STARTS, _B)
     coupled = _landed(geom, points, u["columns"])
     starts = torch.nn.functional.normalize(torch.randn(_STARTS, _B, generator=gen), dim=1)
     signs = _landed(geom, sign_search(geom, starts.double(), None, 14), u["columns"])
     assert len(coupled) >= _STARTS // 4
     assert len(coupled) > 2 * len(signs)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_found_samples_hidden_vectors_confine_the_missing_samples_output_gradients(
+    seed: int,
+) -> None:
+    # Each sample's column is D_i K d_i; with half the samples' hidden vectors known exactly,
+    # the deflated K (B/2 coordinates of d) still gives every missing sample's column on its
+    # active rows, and no found sample's.
+    u = _update(seed)
+    tie = coupling(_next(u), _B)
+    assert tie is not None
+    hidden = torch.relu(u["inputs"] @ u["weight"].T + u["bias"])  # B x m
+    found = torch.arange(_B) % 2 == 0
+    k = tie.deflated(hidden[found])
+    assert k.shape == (_M, _B - int(found.sum()))
+
+    def off(sample: int, table: torch.Tensor) -> float:
+        active = hidden[sample] > 0
+        column = u["columns"][active, sample, None]
+        fit = torch.linalg.lstsq(table[active], column).solution
+        return float((table[active] @ fit - column).norm() / column.norm())
+
+    assert max(off(i, tie.k) for i in range(_B)) < 1e-7
+    assert max(off(i, k) for i in range(_B) if not found[i]) < 1e-7
+    assert min(off(i, k) for i in range(_B) if found[i]) > 1e-2
+    assert tie.deflated(hidden[:0]) is tie.k
 
 
 def test_coupling_needs_the_next_layers_weight_and_one_step() -> None:

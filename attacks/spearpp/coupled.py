@@ -31,6 +31,7 @@ rounds alone: 1 of 175 columns in 300 s); [0, 1] pixels, m=1000, B=150, 52 s (1 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -66,14 +67,43 @@ _RITZ_SHIFT = 10.0
 _CHUNK_ELEMENTS = 1 << 25
 
 
+class Coupling(NamedTuple):
+    """What ties a sample's column to its output gradient at the next layer, on the rows of a
+    view: K = W'^T C (``k``, m x B, scaled to unit mean square singular value), C an orthonormal
+    basis of the next layer's output gradients e_i = C d_i, and T = G'^T C (``hidden_map``,
+    m x B), G' that layer's weight gradient.
+
+    G' = sum_i e_i h_i^T with h_i the samples' hidden vectors, so T = H D^T and each h_j is
+    T f_j, f_j the j-th row of D^-1: f_j^T d_i = 0 for every other sample. A found sample's
+    exact hidden vector thus confines every missing sample's d to the complement of its f_j,
+    as its input confines their columns (P Q = I).
+    """
+
+    k: torch.Tensor
+    hidden_map: torch.Tensor
+
+    def on_rows(self, rows: torch.Tensor) -> Coupling:
+        """The same coupling on the neurons ``rows`` selects."""
+        return Coupling(self.k[rows], self.hidden_map[rows])
+
+    def deflated(self, hidden: torch.Tensor) -> torch.Tensor:
+        """K on the coordinates of d left to the missing samples (m x (B - F)), given the found
+        samples' exact hidden vectors (F x m, on this coupling's rows)."""
+        if not hidden.shape[0]:
+            return self.k
+        duals = torch.linalg.lstsq(self.hidden_map, hidden.T).solution  # B x F: the f_j
+        outside = torch.linalg.svd(duals, full_matrices=True)[0][:, duals.shape[1] :]
+        deflated: torch.Tensor = self.k @ outside
+        return deflated
+
+
 def coupling(
     next_layer: NextLayer,
     batch_size: int,
     bases: NextBases | None = None,
-) -> torch.Tensor | None:
-    """K = W'^T C (m x B), C an orthonormal basis of the next layer's output gradients, scaled
-    to unit mean square singular value; ``None`` without the next layer's weight or where its
-    gradient's rank is not ``batch_size`` up to :data:`COUPLING_GAP` (see
+) -> Coupling | None:
+    """The :class:`Coupling` of the next layer's gradient and weight; ``None`` without its
+    weight or where its gradient's rank is not ``batch_size`` up to :data:`COUPLING_GAP` (see
     :func:`hidden.next_layer_bases`, whose result ``bases`` passes on where it was computed
     already)."""
     weight = next_layer.weight
@@ -83,8 +113,7 @@ def coupling(
     if bases is None:
         return None
     k = weight.T @ bases.columns
-    scaled: torch.Tensor = k * (batch_size**0.5 / k.norm())
-    return scaled
+    return Coupling(k * (batch_size**0.5 / k.norm()), next_layer.grad_weight.T @ bases.columns)
 
 
 def coupled_search(
@@ -105,7 +134,9 @@ def coupled_search(
     geom
         The sign search's view (its rows: ``k``'s).
     k
-        :func:`coupling` on the view's rows (m x B).
+        K of :func:`coupling` on the view's rows (m x B), or its :meth:`Coupling.deflated`
+        (m x (B - F)): the coordinates d of the output gradients at the next layer are
+        whatever K's columns give.
     deflation
         Orthonormal basis (B x F, search coordinates) of the found samples' input coordinates,
         or ``None``: the unfound columns are orthogonal to it (P Q = I), so the points stay in

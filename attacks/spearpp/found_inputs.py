@@ -11,6 +11,7 @@ from attacks.spearpp.hidden import (
     NextBases,
     column_patterns,
     hidden_inputs,
+    pre_activations,
 )
 from attacks.spearpp.signs import SignGeometry, deflation_basis, fit_inputs
 from attacks.spearpp.zero_rule import zero_mask
@@ -53,6 +54,11 @@ class FoundInputs:
     def exact(self) -> bool:
         """Whether every estimate is exact (from the row space) and there is one at least."""
         return bool(self._held.numel()) and bool(self._held.all())
+
+    def hidden(self) -> torch.Tensor:
+        """The hidden vectors ReLU(A p + b) of the pool's samples (F x m, on the geometry's
+        rows), exact where every estimate is (:attr:`exact`)."""
+        return torch.relu(pre_activations(self._geom.affine(), self.inputs))
 
     def update(self) -> None:
         """Estimate the columns the pool gained since the last call (the deflation changes

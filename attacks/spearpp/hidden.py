@@ -187,7 +187,7 @@ def _off_space(
     affine: torch.Tensor, active: torch.Tensor, space: torch.Tensor, coords: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(I - S S^T) h and h = D (A p + b) (each c x m) for patterns D and coordinates p."""
-    hidden = _pre_activations(affine, coords) * active
+    hidden = pre_activations(affine, coords) * active
     return hidden - (hidden @ space) @ space.T, hidden
 
 
@@ -244,7 +244,7 @@ def confirmed_inputs(
         those confirm ``inputs`` (B).
     """
     basis, affine = span
-    from_space, held = held_inputs(_pre_activations(affine, inputs @ basis.T) > 0, span, space)
+    from_space, held = held_inputs(pre_activations(affine, inputs @ basis.T) > 0, span, space)
     close = (from_space - inputs).norm(dim=1) <= AGREE * inputs.norm(dim=1)
     return from_space, held, held & close
 
@@ -258,7 +258,7 @@ def held_inputs(
     :func:`confirmed_inputs`)."""
     basis, affine = span
     found, residuals, determined = _fits(affine, active, space)
-    own = (_pre_activations(affine, found) > 0) == active
+    own = (pre_activations(affine, found) > 0) == active
     held = (residuals < RESIDUAL) & own.all(dim=1) & determined
     return found @ basis, held
 
@@ -312,6 +312,6 @@ def column_patterns(columns: torch.Tensor, tries: int) -> torch.Tensor:
     return size[None] >= ordered.gather(1, splits).T[:, :, None]
 
 
-def _pre_activations(affine: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+def pre_activations(affine: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
     """A p + b (c x m) of coordinates p (c x B)."""
     return coords @ affine[:, :-1].T + affine[:, -1]

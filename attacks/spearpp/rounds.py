@@ -13,7 +13,7 @@ import torch
 
 from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.coupled import coupled_search
+from attacks.spearpp.coupled import Coupling, coupled_search
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.found_inputs import FoundInputs
@@ -274,7 +274,7 @@ def sign_rounds(
     patience: int | None = None,
     hidden: NextBases | None = None,
     few_rows: int | None = None,
-    coupling: torch.Tensor | None = None,
+    coupling: Coupling | None = None,
 ) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
     rounds that find nothing, by default the config's), or time is up; the number of rounds
@@ -350,7 +350,7 @@ def sign_rounds(
                 begin = time.perf_counter()
                 coupled = coupled_search(
                     geom,
-                    coupling,
+                    coupling.deflated(found_inputs.hidden()) if found_inputs.exact else coupling.k,
                     config.coupled_starts * coupled_widen,
                     basis,
                     found,

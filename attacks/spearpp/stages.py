@@ -21,7 +21,7 @@ from attacks.spearpp.certify import (
     evict_mismatched,
 )
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.coupled import COUPLING_GAP, coupling
+from attacks.spearpp.coupled import COUPLING_GAP, Coupling, coupling
 from attacks.spearpp.deflate import complement_probes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.faint import faint_count
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 # One view of the sign search: its geometry, the next layer's row space and coupling on its
 # rows, and the rows per null step (None: the default).
-View = tuple[SignGeometry, NextBases | None, int | None, torch.Tensor | None]
+View = tuple[SignGeometry, NextBases | None, int | None, Coupling | None]
 
 # Idle sign rounds on every row before the search goes on with the live rows, where some
 # neurons are silent (see search_signs): on [0, 1] pixels, B=50, m=1000, rounds on every row
@@ -259,7 +259,7 @@ def search_signs(state: SpearState) -> None:
                 if state.hidden is None
                 else state.hidden._replace(rows=state.hidden.rows[live])
             )
-            live_coupling = None if state.coupling is None else state.coupling[live]
+            live_coupling = None if state.coupling is None else state.coupling.on_rows(live)
             # Fewer rows per null step on the live rows (see few_zero_rows); every row again
             # with the default.
             views += [

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from attacks.spearpp.config import SpearConfig
+from attacks.spearpp.coupled import Coupling
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.harvest import Clock, Harvester
 from attacks.spearpp.hidden import NextBases
@@ -52,7 +53,7 @@ class SpearState:
     # (attacks.spearpp.hidden).
     hidden: NextBases | None = None
     # K of the coupled search where the next layer's weight is known (attacks.spearpp.coupled).
-    coupling: torch.Tensor | None = None
+    coupling: Coupling | None = None
     sign_rounds: int = 0
     sign_starts: int = 0
     starts: int = 0
