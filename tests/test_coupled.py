@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from attacks import SpearConfig, reconstruct
-from attacks.spearpp.coupled import coupled_search, coupling
+from attacks.spearpp.coupled import coupled_search, coupled_turn, coupling
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import PRECISION_FLOOR, NextLayer
-from attacks.spearpp.rounds import coupled_turn
 from attacks.spearpp.signs import SignGeometry, sign_search
 from tests.helpers import sgd_steps
 

@@ -13,7 +13,7 @@ import torch
 
 from attacks.spearpp.complement import complement_columns
 from attacks.spearpp.config import SpearConfig
-from attacks.spearpp.coupled import Coupling, coupled_search
+from attacks.spearpp.coupled import Coupling, coupled_search, coupled_turn
 from attacks.spearpp.deflate import complement_probes, l1_on_hyperplanes
 from attacks.spearpp.factor import Factorisation
 from attacks.spearpp.found_inputs import FoundInputs
@@ -239,29 +239,6 @@ def round_starts(
         return starts
     half = count // 2
     return torch.cat([geom.to_search(starts[:half]), starts[half:]])
-
-
-def coupled_turn(
-    sign_yield: int, sign_rate: float, coupled_rate: float, noisy: bool, idle: int
-) -> bool:
-    """Whether a sign round (not the first) adds coupled points, from the last round's sign
-    yield, the columns a second each kind found in its last turn, the noise and the rounds
-    idle so far.
-
-    Coupled points cost m B^2 an iteration each: they run after a round whose sign starts found
-    no column (DP sigma=1e-6, m=4000, B=150, where each round's 8 sign starts find several:
-    203 s with them every round, 43 s so, seed 0), so not in the first round (centred images,
-    m=1000, B=100: 8 points there cost 1.9 of its 4.4 s, where the sign starts found every
-    column in 15 rounds), and every round while they find columns faster than the sign starts
-    (B=512, m=4000 at initialisation: 8 coupled points about 7 columns in 40 s, 8 sign starts 0
-    to 2 in 13 s). Under noise they can also land on a mix the noise-level check passes, so
-    there they wait for a round that found nothing at all (a float32 client trained 300 steps,
-    B=20, m=200, seed 4, update as a float64 difference: 0 of 20 certified with them after
-    every round whose sign starts found none, 20 of 20 without them).
-    """
-    if noisy:
-        return idle > 0
-    return not sign_yield or coupled_rate >= sign_rate
 
 
 def sign_rounds(
