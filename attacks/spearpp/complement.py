@@ -32,11 +32,11 @@ from attacks.spearpp.zero_rule import ZeroRule, zero_mask
 # within a budget of work per call (multiply-adds of the null steps' Gram matrices and of the
 # halfspace fits' Hessians); at least two per dimension, as long as they cost no more than
 # _WORK_MAX. Sparse layers need the two (B=64, m=1000, neurons firing for a tenth of the
-# samples: 9 to 12 of 56 missing columns back from 112 directions, where the budget affords
-# 25); at B=512, m=4000 with 505 missing they cost 2.5e10 each (the fits' Hessians are
-# M^2 m), and a round of 1,010 ran past 15 minutes for no column: random directions of so
-# many dimensions are near no sample's input (m=1000, B=150 at initialisation: none of 8 to
-# 128 missing back, 2 seeds).
+# samples: 10 and 12 of 56 missing columns back from 112 directions on 2 seeds, where the
+# budget affords 25); at B=512, m=4000 with 505 missing they cost 2.5e10 each (the fits'
+# Hessians are M^2 m), and a round of 1,010 ran past 15 minutes for no column: random
+# directions of so many dimensions are near no sample's input (m=1000, B=150 at
+# initialisation: none of 8 to 128 missing back, 2 seeds).
 _DIRECTIONS_PER_DIM = 200
 _WORK_BUDGET = 2e9
 _WORK_MAX = 50 * _WORK_BUDGET
