@@ -269,10 +269,10 @@ def search_signs(state: SpearState) -> None:
     harvest.pre = geom.affine()
     for index, (view, hidden, rows, coupled) in enumerate(views):
         # Every row is a first try: where it stalls, a few idle rounds say so.
-        patience = FIRST_PATIENCE if len(views) > 1 and index == 0 else None
+        probe = len(views) > 1 and index == 0
         rounds, starts = sign_rounds(
-            harvest, view, b, state.generator, state.out_of_time, state.null_step, patience,
-            hidden, rows, coupled,
+            harvest, view, b, state.generator, state.out_of_time, state.null_step,
+            FIRST_PATIENCE if probe else None, hidden, rows, coupled, probe,
         )  # fmt: skip
         state.sign_rounds += rounds
         state.sign_starts += starts
