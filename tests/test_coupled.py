@@ -12,7 +12,6 @@ from attacks import SpearConfig, reconstruct
 from attacks.spearpp.coupled import coupled_search, coupled_turn, coupling
 from attacks.spearpp.factor import factorise
 from attacks.spearpp.inputs import PRECISION_FLOOR, NextLayer
-from attacks.spearpp.rounds import busy
 from attacks.spearpp.signs import SignGeometry, sign_search
 from tests.helpers import sgd_steps
 
@@ -163,18 +162,3 @@ def test_coupled_points_take_their_turn_by_the_rates_each_kind_found_columns(
     sign_yield: int, sign_rate: float, coupled_rate: float, noisy: bool, idle: int, turn: bool
 ) -> None:
     assert coupled_turn(sign_yield, sign_rate, coupled_rate, noisy, idle) is turn
-
-
-@pytest.mark.parametrize(
-    ("grew", "coupled_yield", "probe", "keeps_going"),
-    [
-        (2, 2, True, False),  # a probe's coupled columns alone leave its round idle
-        (3, 2, True, True),  # its sign starts (or complement round) found one more
-        (2, 2, False, True),  # past the probe every column counts
-        (0, 0, False, False),
-    ],
-)
-def test_a_probe_on_every_row_ends_where_only_coupled_points_find_columns(
-    grew: int, coupled_yield: int, probe: bool, keeps_going: bool
-) -> None:
-    assert busy(grew, coupled_yield, probe) is keeps_going

@@ -81,10 +81,12 @@ class Coupling(NamedTuple):
 
     k: torch.Tensor
     hidden_map: torch.Tensor
+    # The precision of its search (see coupled_search's dtype); None: the config's search_dtype.
+    dtype: torch.dtype | None = None
 
     def on_rows(self, rows: torch.Tensor) -> Coupling:
         """The same coupling on the neurons ``rows`` selects."""
-        return Coupling(self.k[rows], self.hidden_map[rows])
+        return Coupling(self.k[rows], self.hidden_map[rows], self.dtype)
 
     def deflated(self, hidden: torch.Tensor) -> torch.Tensor:
         """K on the coordinates of d left to the missing samples (m x (B - F)), given the found

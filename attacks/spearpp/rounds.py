@@ -93,18 +93,6 @@ def few_zero_rows(live: int, b: int, silent: int) -> int | None:
     return min(default, max(b - 1, int(_FEW_ZEROS_SHARE * zeros)))
 
 
-def busy(grew: int, coupled_yield: int, probe: bool) -> bool:
-    """Whether a round that found ``grew`` columns, ``coupled_yield`` of them by coupled points,
-    keeps the rounds from going idle: for a ``probe`` only its other columns count.
-
-    The probe asks whether the sign starts work on every row. Coupled points do as well on the
-    live rows that follow (a silent row holds L q = 0 for every sample), and their columns kept
-    a probe going: [0, 1] pixels, B=256, m=4000, seed 2: 7 columns in 4 rounds and 88 s of
-    widening coupled points, 50 of 256 exact in a 300 s budget; so ended, all 256 in 79 s.
-    """
-    return bool(grew - coupled_yield if probe else grew)
-
-
 def few_missing(config: SpearConfig, batch_size: int, found: int) -> bool:
     """Whether the convex searches for the last columns are worth running now."""
     missing = batch_size - found
@@ -264,7 +252,6 @@ def sign_rounds(
     hidden: NextBases | None = None,
     few_rows: int | None = None,
     coupling: Coupling | None = None,
-    probe: bool = False,
 ) -> tuple[int, int]:
     """Rounds of the sign-consistency search until the pool is full, it stalls (``patience``
     rounds that find nothing, by default the config's), or time is up; the number of rounds
@@ -273,9 +260,7 @@ def sign_rounds(
     holds their hidden vectors. With ``few_rows`` (see :func:`few_zero_rows`)
     the null steps start on that many rows, and every idle round switches between them and the
     default. With ``coupling`` (:func:`attacks.spearpp.coupled.coupling` on the geometry's
-    rows) each round adds the config's ``coupled_starts`` points of the coupled search. A
-    ``probe`` (the first try on every row, see ``search_signs``) counts a round idle where its
-    sign starts found nothing, whatever the coupled points found."""
+    rows) each round adds the config's ``coupled_starts`` points of the coupled search."""
     pool, config = harvest.pool, harvest.config
     found_inputs = FoundInputs(harvest, geom, hidden, batch_size)
     idle = rounds = starts_run = 0
@@ -349,7 +334,7 @@ def sign_rounds(
                     generator,
                     out_of_time,
                     found_inputs.exact,
-                    getattr(torch, config.search_dtype),
+                    coupling.dtype or getattr(torch, config.search_dtype),
                 )
                 coupled_seconds = time.perf_counter() - begin
             # The guided searches of the last columns cost many rounds' work at large B (at
@@ -379,7 +364,6 @@ def sign_rounds(
                 )
         grew = sign_yield = harvest.propose(geom.to_engine(points))
         sign_rate = sign_yield / (sign_seconds + time.perf_counter() - begin)
-        coupled_yield = 0
         if coupled is not None:
             begin = time.perf_counter()
             coupled_yield = harvest.propose(geom.to_engine(coupled))
@@ -404,7 +388,7 @@ def sign_rounds(
             more = complement_round(harvest, geom, generator, null_step)
             fruitless = math.inf if more else missing
             grew += more
-        idle = 0 if busy(grew, coupled_yield, probe) else idle + 1
+        idle = 0 if grew else idle + 1
         shrunk = shrunk if grew else 1 - shrunk
         rounds += 1
         starts_run += int(points.shape[0])  # one point per start, the last columns' included
