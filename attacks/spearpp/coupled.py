@@ -81,7 +81,7 @@ class Coupling(NamedTuple):
 
     k: torch.Tensor
     hidden_map: torch.Tensor
-    # The precision of its search (see coupled_search's dtype); None: the config's search_dtype.
+    # The precision of its search (coupled_search's dtype; search_signs sets it per layer).
     dtype: torch.dtype | None = None
 
     def on_rows(self, rows: torch.Tensor) -> Coupling:

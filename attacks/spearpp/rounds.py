@@ -334,7 +334,7 @@ def sign_rounds(
                     generator,
                     out_of_time,
                     found_inputs.exact,
-                    coupling.dtype or getattr(torch, config.search_dtype),
+                    coupling.dtype,
                 )
                 coupled_seconds = time.perf_counter() - begin
             # The guided searches of the last columns cost many rounds' work at large B (at

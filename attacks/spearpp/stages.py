@@ -230,15 +230,15 @@ def search_signs(state: SpearState) -> None:
         live = ~obs.silent
         silent = int((~live).sum())
         few_rows = few_zero_rows(int(live.sum()), b, silent) if silent else None
-        if silent and state.coupling is not None:
+        if state.coupling is not None:
             # Silent neurons mark inputs that share a dominant component ([0, 1] pixels), and
             # there the coupled points land in float64 where float32's miss: B=125, m=1000,
             # seed 2, 43 of 125 exact in 300 s with float32 points, 125 in 28 s with float64;
-            # B=256, m=4000, seed 2, 50 of 256 and 256 in 239 s. Centred inputs keep float32,
-            # where the points land as often in two thirds of the time (coupled_search).
-            state.coupling = state.coupling._replace(dtype=torch.float64)
-        if state.coupling is not None:
-            dtype = state.coupling.dtype or getattr(torch, state.config.search_dtype)
+            # B=256, m=4000, seed 2, 50 of 256 and 256 in 239 s. Centred inputs keep the
+            # config's float32, where the points land as often in two thirds of the time
+            # (coupled_search).
+            dtype = torch.float64 if silent else getattr(torch, state.config.search_dtype)
+            state.coupling = state.coupling._replace(dtype=dtype)
             state.settings["coupled_dtype"] = str(dtype).removeprefix("torch.")
         state.settings["few_zero_rows"] = few_rows
         # On every row the fewer rows too under noise only: a float32 layer's first try finds
